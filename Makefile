@@ -1,0 +1,41 @@
+# `make run` starts Corral with embedded defaults; `make test` runs the test suite.
+# Both set up what they need (virtualenv, services, nsjail) on a fresh Debian/Ubuntu box.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: help run test test-fast lint format bench clean
+
+help:
+	@echo "make run    start Corral on http://127.0.0.1:8080 (embedded: SQLite, in-process dispatch)"
+	@echo "make test   install what the tests need, start PostgreSQL and Redis, run the suite"
+	@echo "make lint   ruff and mypy"
+
+$(STAMP): pyproject.toml
+	@PYTHON=$$(scripts/find-python) || exit 1; \
+	  [ -x $(PY) ] || $$PYTHON -m venv $(VENV); \
+	  $(PY) -m pip install -q -e '.[dev]' && touch $(STAMP)
+
+run: $(STAMP)
+	@bash scripts/setup-nsjail.sh
+	@exec bash scripts/run
+
+test: $(STAMP)
+	@bash scripts/setup-nsjail.sh
+	@set -a; eval "$$(bash scripts/services.sh)"; set +a; \
+	  CORRAL_TEST_REQUIRE_SERVICES=1 $(VENV)/bin/pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check app runtimes migrations tests bench
+	$(VENV)/bin/ruff format --check app runtimes migrations tests bench
+	$(VENV)/bin/mypy
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format app runtimes migrations tests bench
+	$(VENV)/bin/ruff check --fix app runtimes migrations tests bench
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Corral's gateway and control plane."""

@@ -1,0 +1,304 @@
+"""The ``corral`` command.
+
+Server commands build one ``Settings`` from ``CORRAL_*`` variables (flags override
+them); client commands talk HTTP to ``CORRAL_URL`` with ``CORRAL_API_KEY`` (tenant
+commands) or ``CORRAL_ADMIN_KEY`` (admin commands).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import httpx
+from pydantic import ValidationError
+
+from app.settings import Settings
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+
+def _settings(**overrides: Any) -> Settings:
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        raise click.UsageError("; ".join(e["msg"] for e in exc.errors())) from None
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Corral: sandboxes and function execution for training AI agents."""
+
+
+# --- servers ------------------------------------------------------------------------------
+_host = click.option("--host", default=None, help="Listen address [CORRAL_HOST, 127.0.0.1].")
+_port = click.option("--port", type=int, default=None, help="Listen port [CORRAL_PORT, 8080].")
+_log = click.option("--log-level", default="info", show_default=True)
+
+
+@main.command()
+@_host
+@_port
+@_log
+def serve(host: str | None, port: int | None, log_level: str) -> None:
+    """Run the gateway and one node agent in one process (the embedded default).
+
+    With no CORRAL_REDIS_URL the dispatch is in-process and the database a SQLite file
+    under CORRAL_DATA_DIR; set both CORRAL_DATABASE_URL and CORRAL_REDIS_URL to let other
+    gateways and nodes join.
+    """
+    _serve(_settings(host=host, port=port), with_node=True, log_level=log_level)
+
+
+@main.command()
+@_host
+@_port
+@_log
+def gateway(host: str | None, port: int | None, log_level: str) -> None:
+    """Run the gateway (control plane) alone; nodes join through CORRAL_REDIS_URL."""
+    settings = _settings(host=host, port=port)
+    if not settings.redis_url:
+        raise click.UsageError("a separate gateway needs CORRAL_REDIS_URL to reach its nodes")
+    _serve(settings, with_node=False, log_level=log_level)
+
+
+def _serve(settings: Settings, *, with_node: bool, log_level: str) -> None:
+    import uvicorn
+
+    from app.main import create_app
+
+    _logging(log_level)
+    app = create_app(settings, with_node=with_node)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=15,
+    )
+
+
+@main.command()
+@_log
+@click.option("--slots", type=int, default=None, help="Executions at once [CORRAL_NODE_SLOTS].")
+def node(log_level: str, slots: int | None) -> None:
+    """Run a node agent (data plane) alone: it takes work from CORRAL_REDIS_URL, runs it on
+    its backends (CORRAL_RUNTIMES) and stores results in CORRAL_DATABASE_URL."""
+    settings = _settings(node_slots=slots)
+    if not settings.redis_url:
+        raise click.UsageError("a separate node needs CORRAL_REDIS_URL to reach the gateways")
+    _logging(log_level)
+    asyncio.run(_run_node(settings))
+
+
+async def _run_node(settings: Settings) -> None:
+    from app.metrics import Metrics
+    from app.services import open_services
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with open_services(settings, metrics=Metrics(), with_node=True):
+        await stop.wait()
+
+
+# --- database -----------------------------------------------------------------------------
+@main.group()
+def db() -> None:
+    """Database schema commands."""
+
+
+@db.command("upgrade")
+@click.option("--revision", default="head", show_default=True)
+def db_upgrade(revision: str) -> None:
+    """Apply migrations up to REVISION on CORRAL_DATABASE_URL (or the embedded SQLite)."""
+    from app.db.engine import make_engine
+    from app.db.migrate import upgrade
+
+    settings = _settings()
+
+    async def go() -> None:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        engine = make_engine(settings.resolved_database_url)
+        try:
+            await upgrade(engine, revision)
+        finally:
+            await engine.dispose()
+
+    asyncio.run(go())
+    click.echo(f"database at {revision}")
+
+
+# --- client commands ----------------------------------------------------------------------
+_url = click.option(
+    "--url",
+    envvar="CORRAL_URL",
+    default=DEFAULT_URL,
+    show_default=True,
+    help="Server URL [CORRAL_URL].",
+)
+_admin = click.option(
+    "--admin-key", envvar="CORRAL_ADMIN_KEY", required=True, help="Admin key [CORRAL_ADMIN_KEY]."
+)
+_key = click.option(
+    "--api-key", envvar="CORRAL_API_KEY", default=None, help="Tenant API key [CORRAL_API_KEY]."
+)
+
+
+def _request(url: str, key: str | None, method: str, path: str, body: Any = None) -> Any:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        with httpx.Client(base_url=url, timeout=httpx.Timeout(10.0, read=3600.0)) as client:
+            response = client.request(method, path, json=body, headers=headers)
+    except httpx.HTTPError as exc:
+        raise click.ClickException(f"cannot reach {url}: {exc}") from None
+    data = response.json() if response.content else None
+    if response.status_code >= 400:
+        err = (data or {}).get("error", {})
+        raise click.ClickException(
+            f"{response.status_code} {err.get('code', '?')}: {err.get('message', response.text)}"
+        )
+    return data
+
+
+def _echo(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2))
+
+
+@main.group()
+def tenant() -> None:
+    """Manage tenants (admin)."""
+
+
+@tenant.command("create")
+@click.argument("name")
+@click.option(
+    "--quota",
+    "quota",
+    multiple=True,
+    metavar="FIELD=VALUE",
+    help="A quota, e.g. --quota max_concurrent_executions=64 (repeatable).",
+)
+@_url
+@_admin
+def tenant_create(name: str, quota: tuple[str, ...], url: str, admin_key: str) -> None:
+    """Create tenant NAME and print it with its first API key (shown once)."""
+    quotas = {}
+    for item in quota:
+        field, sep, value = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{item!r} is not FIELD=VALUE", param_hint="--quota")
+        quotas[field] = value
+    _echo(_request(url, admin_key, "POST", "/v1/tenants", {"name": name, "quota": quotas}))
+
+
+@tenant.command("list")
+@_url
+@_admin
+def tenant_list(url: str, admin_key: str) -> None:
+    """List tenants."""
+    _echo(_request(url, admin_key, "GET", "/v1/tenants"))
+
+
+@main.group()
+def key() -> None:
+    """Manage a tenant's API keys (admin)."""
+
+
+@key.command("create")
+@click.argument("tenant_id")
+@click.option("--name", default="", help="A label for the key.")
+@_url
+@_admin
+def key_create(tenant_id: str, name: str, url: str, admin_key: str) -> None:
+    """Create an API key for TENANT_ID and print it (shown once)."""
+    _echo(_request(url, admin_key, "POST", f"/v1/tenants/{tenant_id}/keys", {"name": name}))
+
+
+@key.command("revoke")
+@click.argument("tenant_id")
+@click.argument("key_id")
+@_url
+@_admin
+def key_revoke(tenant_id: str, key_id: str, url: str, admin_key: str) -> None:
+    """Revoke KEY_ID of TENANT_ID."""
+    _echo(_request(url, admin_key, "DELETE", f"/v1/tenants/{tenant_id}/keys/{key_id}"))
+
+
+@main.command()
+@click.option("-l", "--language", required=True, help="python, bash, cpp, nodejs, ...")
+@click.option("-c", "--code", default=None, help="The source, instead of FILE.")
+@click.argument(
+    "file", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=False
+)
+@click.option(
+    "--stdin",
+    "stdin_file",
+    type=click.File("r"),
+    default=None,
+    help="File whose content is the program's standard input ('-' for ours).",
+)
+@click.option("--timeout", type=float, default=10.0, show_default=True, help="Run timeout, s.")
+@click.option("--memory", type=int, default=None, help="Memory limit, MB.")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole result as JSON.")
+@_url
+@_key
+def run(
+    language: str,
+    code: str | None,
+    file: Path | None,
+    stdin_file: Any,
+    timeout: float,
+    memory: int | None,
+    as_json: bool,
+    url: str,
+    api_key: str | None,
+) -> None:
+    """Send code to a Corral server, run it once and print its output.
+
+    Exits with the program's exit code (1 if it did not finish, 2 on a platform error).
+    """
+    if (code is None) == (file is None):
+        raise click.UsageError("give exactly one of -c CODE or FILE")
+    source = code if code is not None else file.read_text()  # type: ignore[union-attr]
+    body: dict[str, Any] = {"language": language, "code": source, "run_timeout": timeout}
+    if stdin_file is not None:
+        body["stdin"] = stdin_file.read()
+    if memory is not None:
+        body["memory_limit_mb"] = memory
+    result = _request(url, api_key, "POST", "/v1/run", body)
+    if as_json:
+        _echo(result)
+    else:
+        for stage in ("compile", "run"):
+            part = result.get(stage) or {}
+            if part.get("stdout"):
+                sys.stdout.write(part["stdout"])
+            if part.get("stderr"):
+                sys.stderr.write(part["stderr"])
+            if part and part.get("status") != "finished":
+                click.echo(
+                    f"[{stage}: {part.get('status')}: {part.get('message') or ''}]", err=True
+                )
+        if result.get("error"):
+            click.echo(f"[error: {result['error']}]", err=True)
+    if result["status"] == "errored":
+        sys.exit(2)
+    last: dict[str, Any] = result.get("run") or result.get("compile") or {}
+    if last.get("status") == "finished" and isinstance(last.get("exit_code"), int):
+        sys.exit(last["exit_code"])
+    sys.exit(1)

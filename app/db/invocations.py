@@ -1,0 +1,173 @@
+"""Invocations: queued by the gateway, claimed and finished by a node.
+
+State machine: ``queued -> running -> succeeded | failed | errored``. A finished row is
+never overwritten: ``finish`` only updates a row that is still queued or running, so a
+late result from a node presumed dead cannot replace the one already stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.db import usage
+from app.db.models import Invocation, utcnow
+from app.errors import NotFound
+from runtimes.models import RunResult
+
+
+class Status(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"  #: every stage exited 0
+    FAILED = "failed"  #: the user's code failed (exit code, time or memory limit, ...)
+    ERRORED = "errored"  #: the platform failed; see ``error``
+
+
+OPEN = (Status.QUEUED, Status.RUNNING)
+FINAL = (Status.SUCCEEDED, Status.FAILED, Status.ERRORED)
+
+
+def status_of(result: RunResult) -> Status:
+    if result.error is not None:
+        return Status.ERRORED
+    return Status.SUCCEEDED if result.succeeded else Status.FAILED
+
+
+async def create(
+    session: AsyncSession,
+    *,
+    invocation_id: str,
+    tenant_id: str,
+    kind: str,
+    runtime: str | None,
+    language: str | None,
+    request: dict[str, Any],
+) -> Invocation:
+    now = utcnow()
+    row = Invocation(
+        id=invocation_id,
+        tenant_id=tenant_id,
+        kind=kind,
+        runtime=runtime,
+        language=language,
+        status=Status.QUEUED,
+        request=request,
+        created_at=now,
+        queued_at=now,
+    )
+    session.add(row)
+    await session.flush()
+    return row
+
+
+async def mark_running(
+    session: AsyncSession, *, invocation_id: str, node_id: str, attempt: int
+) -> bool:
+    """Claim the row for ``node_id``; False when it is already final."""
+    started = utcnow()
+    result = await session.execute(
+        update(Invocation)
+        .where(Invocation.id == invocation_id, Invocation.status.in_(OPEN))
+        .values(status=Status.RUNNING, node_id=node_id, attempts=attempt, started_at=started)
+    )
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+async def finish(
+    session: AsyncSession,
+    *,
+    invocation_id: str,
+    node_id: str,
+    attempt: int,
+    result: RunResult,
+) -> Status | None:
+    """Store a node's result and account for it; None when the row was final already."""
+    row = await session.get(Invocation, invocation_id, with_for_update=True)
+    if row is None or row.status not in OPEN:
+        return None
+    now = utcnow()
+    status = status_of(result)
+    run = result.run
+    stored = result.model_dump(mode="json")
+    if stored.get("run"):
+        stored["run"]["stdout"] = stored["run"]["stderr"] = ""
+    row.status = status
+    row.error = result.error
+    row.node_id = node_id
+    row.attempts = attempt
+    row.exit_code = run.exit_code if run else (result.compile.exit_code if result.compile else None)
+    row.stdout = run.stdout if run else ""
+    row.stderr = run.stderr if run else ""
+    row.stdout_truncated = bool(run and run.stdout_truncated)
+    row.stderr_truncated = bool(run and run.stderr_truncated)
+    row.result = stored
+    row.started_at = row.started_at or now
+    row.finished_at = now
+    row.queue_ms = _ms_between(row.queued_at, row.started_at)
+    row.setup_ms = result.setup_ms
+    row.exec_ms = result.exec_ms
+    row.teardown_ms = result.teardown_ms
+    row.cpu_ms = result.cpu_ms
+    row.peak_memory_kb = result.peak_memory_kb
+    await session.flush()
+    await usage.record(session, row=row)
+    return status
+
+
+async def fail(
+    session: AsyncSession, *, invocation_id: str, error: str, node_id: str | None = None
+) -> bool:
+    """Mark an open invocation errored (lost node, refused by every node, ...)."""
+    row = await session.get(Invocation, invocation_id, with_for_update=True)
+    if row is None or row.status not in OPEN:
+        return False
+    row.status = Status.ERRORED
+    row.error = error
+    row.node_id = node_id or row.node_id
+    row.finished_at = utcnow()
+    row.queue_ms = _ms_between(row.queued_at, row.started_at or row.finished_at)
+    await session.flush()
+    await usage.record(session, row=row)
+    return True
+
+
+async def get(session: AsyncSession, *, tenant_id: str, invocation_id: str) -> Invocation:
+    row = await session.get(Invocation, invocation_id)
+    if row is None or row.tenant_id != tenant_id:
+        raise NotFound(f"no invocation {invocation_id!r}")
+    return row
+
+
+async def list_for_tenant(
+    session: AsyncSession,
+    *,
+    tenant_id: str,
+    limit: int,
+    status: str | None = None,
+    kind: str | None = None,
+    language: str | None = None,
+    before: datetime | None = None,
+) -> Sequence[Invocation]:
+    query = select(Invocation).where(Invocation.tenant_id == tenant_id)
+    if status:
+        query = query.where(Invocation.status == status)
+    if kind:
+        query = query.where(Invocation.kind == kind)
+    if language:
+        query = query.where(Invocation.language == language)
+    if before:
+        query = query.where(Invocation.created_at < before)
+    query = query.order_by(Invocation.created_at.desc(), Invocation.id.desc()).limit(limit)
+    return (await session.scalars(query)).all()
+
+
+def _ms_between(start: datetime | None, end: datetime | None) -> float | None:
+    if start is None or end is None:
+        return None
+    return max(0.0, (end - start).total_seconds() * 1000)

@@ -1,0 +1,224 @@
+"""The schema, as SQLAlchemy 2 declarative models.
+
+Alembic migrations (``migrations/``) are the only thing that creates tables; these
+models describe them for queries and for ``alembic revision --autogenerate``.
+Identifiers are prefixed random strings (``ten_…``, ``inv_…``) made by ``app.ids``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Date,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite stores naive values)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("naive datetime")
+        return value.astimezone(UTC) if value is not None else None
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON()}
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    disabled: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+    quota: Mapped[Quota] = relationship(back_populates="tenant", lazy="joined")
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(128), default="")
+    secret_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(default=None)
+    last_used_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class Quota(Base):
+    __tablename__ = "quotas"
+
+    tenant_id: Mapped[str] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    max_concurrent_executions: Mapped[int] = mapped_column(Integer)
+    max_concurrent_sandboxes: Mapped[int] = mapped_column(Integer)
+    executions_per_second: Mapped[float] = mapped_column(Float)
+    burst: Mapped[int] = mapped_column(Integer)
+    cpu_seconds_per_day: Mapped[float] = mapped_column(Float)
+    max_memory_mb: Mapped[int] = mapped_column(Integer)
+    max_wall_seconds: Mapped[float] = mapped_column(Float)
+    max_sandbox_lifetime_seconds: Mapped[int] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+    tenant: Mapped[Tenant] = relationship(back_populates="quota")
+
+
+class Function(Base):
+    __tablename__ = "functions"
+    __table_args__ = (UniqueConstraint("tenant_id", "name"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(128))
+    runtime: Mapped[str] = mapped_column(String(32))
+    aliases: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    deleted_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class FunctionVersion(Base):
+    __tablename__ = "function_versions"
+    __table_args__ = (UniqueConstraint("function_id", "version"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    function_id: Mapped[str] = mapped_column(
+        ForeignKey("functions.id", ondelete="CASCADE"), index=True
+    )
+    version: Mapped[int] = mapped_column(Integer)
+    content_hash: Mapped[str] = mapped_column(String(64))
+    language: Mapped[str] = mapped_column(String(32))
+    entry_point: Mapped[str] = mapped_column(String(128), default="")
+    input_schema: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    limits: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    artifact_path: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Invocation(Base):
+    """One execution: queued by the gateway, run by a node, result stored by that node."""
+
+    __tablename__ = "invocations"
+    __table_args__ = (
+        Index("ix_invocations_tenant_created", "tenant_id", "created_at"),
+        Index("ix_invocations_status", "status"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(16))  # run | function
+    runtime: Mapped[str | None] = mapped_column(String(32), default=None)
+    language: Mapped[str | None] = mapped_column(String(32), default=None)
+    function_version_id: Mapped[str | None] = mapped_column(String(32), default=None)
+    status: Mapped[str] = mapped_column(String(16))  # queued running succeeded failed errored
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+    node_id: Mapped[str | None] = mapped_column(String(128), default=None)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    exit_code: Mapped[int | None] = mapped_column(Integer, default=None)
+    stdout: Mapped[str] = mapped_column(Text, default="")
+    stderr: Mapped[str] = mapped_column(Text, default="")
+    stdout_truncated: Mapped[bool] = mapped_column(Boolean, default=False)
+    stderr_truncated: Mapped[bool] = mapped_column(Boolean, default=False)
+    request: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    queued_at: Mapped[datetime | None] = mapped_column(default=None)
+    started_at: Mapped[datetime | None] = mapped_column(default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)
+    queue_ms: Mapped[float | None] = mapped_column(Float, default=None)
+    setup_ms: Mapped[float | None] = mapped_column(Float, default=None)
+    exec_ms: Mapped[float | None] = mapped_column(Float, default=None)
+    teardown_ms: Mapped[float | None] = mapped_column(Float, default=None)
+    cpu_ms: Mapped[float | None] = mapped_column(Float, default=None)
+    peak_memory_kb: Mapped[int | None] = mapped_column(BigInteger, default=None)
+
+
+class Sandbox(Base):
+    __tablename__ = "sandboxes"
+    __table_args__ = (Index("ix_sandboxes_tenant_state", "tenant_id", "state"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    backend: Mapped[str] = mapped_column(String(32))
+    image: Mapped[str] = mapped_column(String(256))
+    state: Mapped[str] = mapped_column(String(16))
+    node_id: Mapped[str | None] = mapped_column(String(128), default=None)
+    limits: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(default=None)
+    expires_at: Mapped[datetime | None] = mapped_column(default=None)
+    stopped_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    address: Mapped[str] = mapped_column(String(256), default="")
+    runtimes: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    slots: Mapped[int] = mapped_column(Integer, default=0)
+    state: Mapped[str] = mapped_column(String(16), default="up")
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class UsageRollup(Base):
+    """Per tenant, per UTC day and kind: what was run and what it cost."""
+
+    __tablename__ = "usage_rollups"
+
+    tenant_id: Mapped[str] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    day: Mapped[date] = mapped_column(Date, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    invocations: Mapped[int] = mapped_column(BigInteger, default=0)
+    failures: Mapped[int] = mapped_column(BigInteger, default=0)
+    queue_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    setup_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    exec_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    teardown_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    cpu_ms: Mapped[float] = mapped_column(Float, default=0.0)

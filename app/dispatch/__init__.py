@@ -1,0 +1,1 @@
+"""How work travels from the gateway (control plane) to node agents (data plane)."""

@@ -1,0 +1,154 @@
+"""Corral's exception tree.
+
+Every error that reaches a client is one of these; ``app.http.errors`` maps the tree
+to HTTP in one place. Each class carries a stable ``code`` (part of the API contract:
+never rename one) and an HTTP ``status``.
+
+    CorralError                      500 internal_error
+    ├── BadRequest                   400 bad_request
+    │   ├── InvalidJSON              400 invalid_json
+    │   └── UnsupportedMediaType     415 unsupported_media_type
+    ├── ValidationFailed             422 validation_error
+    ├── LimitTooHigh                 422 limit_too_high
+    ├── PayloadTooLarge              413 payload_too_large
+    ├── Unauthenticated              401 missing_api_key
+    │   └── InvalidApiKey            401 invalid_api_key
+    ├── Forbidden                    403 forbidden
+    │   ├── AdminRequired            403 admin_required
+    │   └── TenantDisabled           403 tenant_disabled
+    ├── NotFound                     404 not_found
+    ├── MethodNotAllowed             405 method_not_allowed
+    ├── Conflict                     409 conflict
+    ├── QuotaExceeded                429 quota_exceeded      (Retry-After)
+    │   ├── RateLimited              429 rate_limited
+    │   ├── ConcurrencyLimited       429 concurrency_limited
+    │   └── CpuQuotaExhausted        429 cpu_quota_exhausted
+    ├── Unavailable                  503 unavailable
+    │   ├── NoCapacity               503 no_capacity
+    │   └── UnsupportedRuntime       400 unsupported_runtime
+    └── ExecutionTimeout             504 execution_timeout
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class CorralError(Exception):
+    """Base of every error Corral reports to a client."""
+
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "internal_error"
+    default_message: ClassVar[str] = "internal error"
+
+    def __init__(self, message: str | None = None, *, details: Any = None) -> None:
+        self.message = message or self.default_message
+        self.details = details
+        super().__init__(self.message)
+
+    def headers(self) -> dict[str, str]:
+        return {}
+
+
+class BadRequest(CorralError):
+    status, code, default_message = 400, "bad_request", "bad request"
+
+
+class InvalidJSON(BadRequest):
+    code, default_message = "invalid_json", "request body is not valid JSON"
+
+
+class UnsupportedMediaType(BadRequest):
+    status, code = 415, "unsupported_media_type"
+    default_message = "request body must be application/json"
+
+
+class ValidationFailed(CorralError):
+    status, code, default_message = 422, "validation_error", "request failed validation"
+
+
+class LimitTooHigh(CorralError):
+    status, code, default_message = 422, "limit_too_high", "a requested limit exceeds the quota"
+
+
+class PayloadTooLarge(CorralError):
+    status, code, default_message = 413, "payload_too_large", "request body is too large"
+
+
+class Unauthenticated(CorralError):
+    status, code, default_message = 401, "missing_api_key", "an API key is required"
+
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": 'Bearer realm="corral"'}
+
+
+class InvalidApiKey(Unauthenticated):
+    code, default_message = "invalid_api_key", "the API key is not valid"
+
+
+class Forbidden(CorralError):
+    status, code, default_message = 403, "forbidden", "forbidden"
+
+
+class AdminRequired(Forbidden):
+    code, default_message = "admin_required", "this endpoint needs the admin key"
+
+
+class TenantDisabled(Forbidden):
+    code, default_message = "tenant_disabled", "the tenant is disabled"
+
+
+class NotFound(CorralError):
+    status, code, default_message = 404, "not_found", "not found"
+
+
+class MethodNotAllowed(CorralError):
+    status, code, default_message = 405, "method_not_allowed", "method not allowed"
+
+
+class Conflict(CorralError):
+    status, code, default_message = 409, "conflict", "conflict"
+
+
+class QuotaExceeded(CorralError):
+    status, code, default_message = 429, "quota_exceeded", "quota exceeded"
+
+    def __init__(
+        self, message: str | None = None, *, retry_after: float = 1.0, details: Any = None
+    ) -> None:
+        super().__init__(message, details=details)
+        self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(max(1, round(self.retry_after + 0.49)))}
+
+
+class RateLimited(QuotaExceeded):
+    code, default_message = "rate_limited", "executions-per-second quota exceeded"
+
+
+class ConcurrencyLimited(QuotaExceeded):
+    code = "concurrency_limited"
+    default_message = "concurrency quota exceeded and the admission queue wait ran out"
+
+
+class CpuQuotaExhausted(QuotaExceeded):
+    code, default_message = "cpu_quota_exhausted", "daily CPU-seconds quota is used up"
+
+
+class Unavailable(CorralError):
+    status, code, default_message = 503, "unavailable", "service unavailable"
+
+
+class NoCapacity(Unavailable):
+    code, default_message = "no_capacity", "no node can take this execution now"
+
+
+class UnsupportedRuntime(Unavailable):
+    status, code = 400, "unsupported_runtime"
+    default_message = "no node offers this runtime or language"
+
+
+class ExecutionTimeout(CorralError):
+    status, code = 504, "execution_timeout"
+    default_message = "the execution did not finish in time; its result will be stored"

@@ -1,0 +1,1 @@
+"""The HTTP edge: typed endpoints, authentication, error mapping, middleware, OpenAPI."""

@@ -1,0 +1,93 @@
+"""Authentication: from a request's credentials to the principal it acts as.
+
+Keys come as ``Authorization: Bearer <key>`` or ``X-API-Key: <key>``. A verified key
+is trusted for ``auth_cache_seconds`` without a database read; revoking a key or
+disabling a tenant through this process drops the cache at once (other gateways
+notice within that window).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from sqlalchemy.ext.asyncio import async_sessionmaker
+from starlette.requests import Request
+
+from app.auth import keys
+from app.auth.principal import Admin, Principal
+from app.db import tenants
+from app.errors import AdminRequired, InvalidApiKey, TenantDisabled, Unauthenticated
+from app.http.endpoint import Auth
+from app.quotas.model import QuotaLimits
+
+log = logging.getLogger(__name__)
+
+_ADMIN = Admin()
+
+
+class Authenticator:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[Any],
+        *,
+        admin_key: str | None,
+        cache_seconds: float,
+    ) -> None:
+        self._sessions = sessions
+        self._admin_key = admin_key
+        self._cache_s = cache_seconds
+        self._cache: dict[str, tuple[float, Principal]] = {}
+
+    async def authenticate(self, request: Request, auth: Auth) -> Principal | Admin | None:
+        if auth == "none":
+            return None
+        presented = presented_key(request)
+        if auth == "admin":
+            if presented is None:
+                raise Unauthenticated()
+            if self._admin_key and keys.admin_matches(presented, self._admin_key):
+                return _ADMIN
+            raise AdminRequired()
+        if presented is None:
+            raise Unauthenticated()
+        return await self.tenant_for(presented)
+
+    async def tenant_for(self, presented: str) -> Principal:
+        now = time.monotonic()
+        hit = self._cache.get(presented)
+        if hit is not None and now - hit[0] < self._cache_s:
+            return hit[1]
+        parsed = keys.parse(presented)
+        if parsed is None:
+            raise InvalidApiKey()
+        async with self._sessions() as session:
+            found = await tenants.find_key(session, key_id=parsed.key_id)
+        if found is None:
+            raise InvalidApiKey()
+        api_key, tenant = found
+        if api_key.revoked_at is not None or not keys.matches(parsed, api_key.secret_hash):
+            raise InvalidApiKey()
+        if tenant.disabled:
+            raise TenantDisabled()
+        principal = Principal(tenant.id, api_key.id, QuotaLimits.from_row(tenant.quota))
+        if self._cache_s > 0:
+            self._cache[presented] = (now, principal)
+        return principal
+
+    def forget_tenant(self, tenant_id: str) -> None:
+        """Drop cached principals of a tenant (after a change to it or its keys)."""
+        for presented in [k for k, (_, p) in self._cache.items() if p.tenant_id == tenant_id]:
+            del self._cache[presented]
+
+
+def presented_key(request: Request) -> str | None:
+    header = request.headers.get("authorization")
+    if header:
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() != "bearer" or not value.strip():
+            raise InvalidApiKey("Authorization must be 'Bearer <api key>'")
+        return value.strip()
+    key = request.headers.get("x-api-key")
+    return key.strip() if key and key.strip() else None

@@ -1,0 +1,91 @@
+"""Raw ASGI middleware: request body size limit and request metrics."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from starlette.routing import Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.errors import PayloadTooLarge
+from app.http.errors import error_response
+
+if TYPE_CHECKING:
+    from app.metrics import Metrics
+
+
+class BodySizeLimit:
+    """Refuse bodies over ``limit`` bytes, by Content-Length or as they stream in."""
+
+    def __init__(self, app: ASGIApp, *, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = 0
+                if declared > self.limit:
+                    await self._refuse(scope, receive, send)
+                    return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise PayloadTooLarge(f"request body is over {self.limit} bytes")
+            return message
+
+        await self.app(scope, limited, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = error_response(PayloadTooLarge(f"request body is over {self.limit} bytes"))
+        await response(scope, receive, send)
+
+
+class RequestMetrics:
+    """Count requests and time them by route template (never by raw path)."""
+
+    def __init__(self, app: ASGIApp, *, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def capture(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, capture)
+        finally:
+            route = _route_template(scope)
+            self.metrics.observe_request(
+                scope["method"], route, status, time.perf_counter() - started
+            )
+
+
+def _route_template(scope: Scope) -> str:
+    router = scope.get("router") or getattr(scope.get("app"), "router", None)
+    for route in getattr(router, "routes", []):
+        match, _ = route.matches(scope)
+        if match is Match.FULL:
+            return str(getattr(route, "path", "other"))
+    return "unmatched"

@@ -1,0 +1,45 @@
+"""The app factory: ``create_app(settings)`` builds the gateway (and, embedded, a node)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+
+from app.http.errors import HANDLERS
+from app.http.middleware import BodySizeLimit, RequestMetrics
+from app.http.openapi import build
+from app.metrics import Metrics
+from app.routes import ENDPOINTS
+from app.services import open_services
+from app.settings import Settings
+
+VERSION = "0.1.0"
+
+
+def create_app(settings: Settings | None = None, *, with_node: bool = True) -> Starlette:
+    """The ASGI app. ``with_node`` runs a node agent in-process (``corral serve``)."""
+    settings = settings or Settings()
+
+    metrics = Metrics()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with open_services(settings, metrics=metrics, with_node=with_node) as services:
+            app.state.services = services
+            yield
+
+    app = Starlette(
+        routes=[ep.route() for ep in ENDPOINTS],
+        middleware=[
+            Middleware(RequestMetrics, metrics=metrics),
+            Middleware(BodySizeLimit, limit=settings.max_body_bytes),
+        ],
+        exception_handlers=HANDLERS,
+        lifespan=lifespan,
+    )
+    app.state.openapi = build(ENDPOINTS, title="Corral", version=VERSION)
+    app.state.settings = settings
+    return app

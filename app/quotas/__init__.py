@@ -1,0 +1,1 @@
+"""Per-tenant quotas and the admission control that enforces them."""

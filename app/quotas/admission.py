@@ -1,0 +1,90 @@
+"""Admission control: a request runs only inside its tenant's quotas.
+
+In order: the daily CPU budget (else 429 ``cpu_quota_exhausted``); a token from the
+executions-per-second bucket, waiting for it if it is due within the admission wait;
+a concurrency slot, waiting in a bounded per-tenant queue up to the admission wait
+(RL clients score a 429 as a failed reward, so queueing is the default). Only past
+that does the caller get a 429 with ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from app.errors import ConcurrencyLimited, CpuQuotaExhausted, RateLimited
+from app.ids import new_id
+from app.quotas.counters import QuotaCounters
+from app.quotas.cpu import CpuUsage, seconds_until_utc_midnight
+from app.quotas.model import QuotaLimits
+
+log = logging.getLogger(__name__)
+
+#: A lease outlives its execution by this much before another request may take it.
+LEASE_GRACE_S = 30.0
+
+
+class Admission:
+    def __init__(
+        self,
+        counters: QuotaCounters,
+        cpu: CpuUsage,
+        *,
+        queue_seconds: float,
+        queue_depth: int,
+    ) -> None:
+        self.counters = counters
+        self._cpu = cpu
+        self._queue_s = queue_seconds
+        self._depth = queue_depth
+
+    @asynccontextmanager
+    async def admit(
+        self, tenant_id: str, quota: QuotaLimits, *, wall_seconds: float
+    ) -> AsyncIterator[float]:
+        """Hold one concurrency slot for the body; yields the seconds spent waiting."""
+        started = time.monotonic()
+        if await self._cpu.used_today(tenant_id) >= quota.cpu_seconds_per_day:
+            raise CpuQuotaExhausted(retry_after=seconds_until_utc_midnight())
+        wait = await self.counters.reserve_token(
+            tenant_id,
+            rate=quota.executions_per_second,
+            burst=quota.burst,
+            max_wait=self._queue_s,
+        )
+        if wait is None:
+            raise RateLimited(retry_after=max(1.0, 1.0 / quota.executions_per_second))
+        if wait > 0:
+            await asyncio.sleep(wait)
+        lease_id = new_id("lease")
+        await self._acquire(tenant_id, quota, lease_id, wall_seconds + LEASE_GRACE_S, started)
+        try:
+            yield time.monotonic() - started
+        finally:
+            await asyncio.shield(self.counters.release_slot(tenant_id, lease_id=lease_id))
+
+    async def _acquire(
+        self, tenant_id: str, quota: QuotaLimits, lease_id: str, ttl: float, started: float
+    ) -> None:
+        limit = quota.max_concurrent_executions
+        if await self.counters.try_acquire_slot(tenant_id, limit=limit, lease_id=lease_id, ttl=ttl):
+            return
+        if not await self.counters.enter_queue(tenant_id, depth=self._depth):
+            raise ConcurrencyLimited("the tenant's admission queue is full", retry_after=1.0)
+        try:
+            deadline = started + self._queue_s
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    log.info("tenant %s: admission wait ran out", tenant_id)
+                    raise ConcurrencyLimited(retry_after=1.0)
+                await self.counters.wait_for_slot(tenant_id, remaining)
+                if await self.counters.try_acquire_slot(
+                    tenant_id, limit=limit, lease_id=lease_id, ttl=ttl
+                ):
+                    return
+        finally:
+            await asyncio.shield(self.counters.leave_queue(tenant_id))

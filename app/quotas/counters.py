@@ -1,0 +1,126 @@
+"""Shared quota counters: a token bucket, concurrency leases and a waiting count.
+
+``QuotaCounters`` is the seam; ``MemoryCounters`` serves one process (the embedded
+default), ``app.quotas.redis_counters.RedisCounters`` a cluster of gateways.
+
+The token bucket lets its balance go negative down to ``rate * max_wait``: taking a
+token returns how long the caller must wait for it to be due (a reservation), or None
+when even that would exceed ``max_wait``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+class QuotaCounters(ABC):
+    @abstractmethod
+    async def reserve_token(
+        self, tenant_id: str, *, rate: float, burst: int, max_wait: float
+    ) -> float | None:
+        """Seconds until the reserved token is due, or None (over the limit)."""
+
+    @abstractmethod
+    async def try_acquire_slot(
+        self, tenant_id: str, *, limit: int, lease_id: str, ttl: float
+    ) -> bool: ...
+
+    @abstractmethod
+    async def release_slot(self, tenant_id: str, *, lease_id: str) -> None: ...
+
+    @abstractmethod
+    async def wait_for_slot(self, tenant_id: str, timeout: float) -> None:
+        """Return when a slot may have come free, or after ``timeout``."""
+
+    @abstractmethod
+    async def enter_queue(self, tenant_id: str, *, depth: int) -> bool: ...
+
+    @abstractmethod
+    async def leave_queue(self, tenant_id: str) -> None: ...
+
+    @abstractmethod
+    async def waiting(self) -> int:
+        """Requests waiting in admission queues, across tenants (a gauge)."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        pass
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    stamp: float
+
+
+@dataclass
+class _TenantState:
+    leases: dict[str, float] = field(default_factory=dict)  # lease id -> expiry
+    waiting: int = 0
+    freed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class MemoryCounters(QuotaCounters):
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._buckets: dict[str, _Bucket] = {}
+        self._tenants: dict[str, _TenantState] = {}
+
+    def _state(self, tenant_id: str) -> _TenantState:
+        return self._tenants.setdefault(tenant_id, _TenantState())
+
+    async def reserve_token(
+        self, tenant_id: str, *, rate: float, burst: int, max_wait: float
+    ) -> float | None:
+        now = self._clock()
+        bucket = self._buckets.setdefault(tenant_id, _Bucket(float(burst), now))
+        bucket.tokens = min(float(burst), bucket.tokens + (now - bucket.stamp) * rate)
+        bucket.stamp = now
+        if bucket.tokens - 1 < -rate * max_wait:
+            return None
+        bucket.tokens -= 1
+        return max(0.0, -bucket.tokens / rate)
+
+    async def try_acquire_slot(
+        self, tenant_id: str, *, limit: int, lease_id: str, ttl: float
+    ) -> bool:
+        state = self._state(tenant_id)
+        now = self._clock()
+        for expired in [k for k, exp in state.leases.items() if exp <= now]:
+            del state.leases[expired]
+        if len(state.leases) >= limit:
+            return False
+        state.leases[lease_id] = now + ttl
+        return True
+
+    async def release_slot(self, tenant_id: str, *, lease_id: str) -> None:
+        state = self._state(tenant_id)
+        if state.leases.pop(lease_id, None) is not None:
+            state.freed.set()
+
+    async def wait_for_slot(self, tenant_id: str, timeout: float) -> None:
+        state = self._state(tenant_id)
+        state.freed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(state.freed.wait(), timeout)
+
+    async def enter_queue(self, tenant_id: str, *, depth: int) -> bool:
+        state = self._state(tenant_id)
+        if state.waiting >= depth:
+            return False
+        state.waiting += 1
+        return True
+
+    async def leave_queue(self, tenant_id: str) -> None:
+        state = self._state(tenant_id)
+        state.waiting = max(0, state.waiting - 1)
+
+    async def waiting(self) -> int:
+        return sum(s.waiting for s in self._tenants.values())
+
+    def active(self, tenant_id: str) -> int:
+        return len(self._state(tenant_id).leases)

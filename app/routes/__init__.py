@@ -1,0 +1,14 @@
+"""HTTP endpoints, one module per resource. ``ENDPOINTS`` is the whole API."""
+
+from __future__ import annotations
+
+from app.http.endpoint import Endpoint
+from app.routes import health, invocations, run, runtimes, tenants
+
+ENDPOINTS: list[Endpoint] = [
+    *health.endpoints,
+    *tenants.endpoints,
+    *run.endpoints,
+    *invocations.endpoints,
+    *runtimes.endpoints,
+]

@@ -1,0 +1,54 @@
+"""Invocation history, scoped to the calling tenant."""
+
+from __future__ import annotations
+
+from app.db import invocations as repo
+from app.http.endpoint import Call, endpoint
+from app.routes.present import invocation_out
+from app.schemas.invocations import InvocationList, InvocationOut, InvocationQuery
+
+TAGS = ["invocations"]
+
+
+@endpoint(
+    "GET",
+    "/v1/invocations/{invocation_id}",
+    summary="One invocation and its result",
+    tags=TAGS,
+    response=InvocationOut,
+)
+async def get_invocation(call: Call) -> InvocationOut:
+    async with call.services.sessions() as session:
+        row = await repo.get(
+            session, tenant_id=call.tenant.tenant_id, invocation_id=call.path["invocation_id"]
+        )
+    return invocation_out(row)
+
+
+@endpoint(
+    "GET",
+    "/v1/invocations",
+    summary="Recent invocations, newest first",
+    tags=TAGS,
+    query=InvocationQuery,
+    response=InvocationList,
+)
+async def list_invocations(call: Call) -> InvocationList:
+    q: InvocationQuery = call.query
+    async with call.services.sessions() as session:
+        rows = await repo.list_for_tenant(
+            session,
+            tenant_id=call.tenant.tenant_id,
+            limit=q.limit,
+            status=q.status,
+            kind=q.kind,
+            language=q.language,
+            before=q.before,
+        )
+    return InvocationList(
+        invocations=[invocation_out(r) for r in rows],
+        next_before=rows[-1].created_at if len(rows) == q.limit else None,
+    )
+
+
+endpoints = [get_invocation, list_invocations]

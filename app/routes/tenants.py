@@ -1,0 +1,176 @@
+"""Admin API: tenants, their quotas and their API keys."""
+
+from __future__ import annotations
+
+from app.db import tenants as repo
+from app.db.models import ApiKey, Tenant
+from app.http.endpoint import Call, endpoint
+from app.quotas.model import QuotaLimits
+from app.schemas.common import Page
+from app.schemas.tenants import (
+    KeyCreate,
+    KeyList,
+    KeyOut,
+    NewKeyOut,
+    TenantCreate,
+    TenantCreated,
+    TenantList,
+    TenantOut,
+    TenantPatch,
+)
+
+TAGS = ["tenants"]
+
+
+@endpoint(
+    "POST",
+    "/v1/tenants",
+    summary="Create a tenant and its first API key",
+    tags=TAGS,
+    auth="admin",
+    body=TenantCreate,
+    response=TenantCreated,
+    status=201,
+)
+async def create_tenant(call: Call) -> TenantCreated:
+    body: TenantCreate = call.body
+    defaults = QuotaLimits.from_defaults(call.services.settings.quota)
+    quota = QuotaLimits(
+        **{f: getattr(defaults, f) for f in QuotaLimits.__slots__}
+        | body.quota.model_dump(exclude_none=True)
+    )
+    async with call.services.sessions.begin() as session:
+        tenant, key, plaintext = await repo.create_tenant(
+            session, name=body.name, quota=quota, key_name=body.key_name
+        )
+    return TenantCreated(tenant=TenantOut.model_validate(tenant), key=_new_key(key, plaintext))
+
+
+@endpoint(
+    "GET",
+    "/v1/tenants",
+    summary="List tenants",
+    tags=TAGS,
+    auth="admin",
+    query=Page,
+    response=TenantList,
+)
+async def list_tenants(call: Call) -> TenantList:
+    page: Page = call.query
+    async with call.services.sessions() as session:
+        rows = await repo.list_tenants(session, limit=page.limit, after=page.after)
+    return TenantList(
+        tenants=[TenantOut.model_validate(t) for t in rows],
+        next_after=rows[-1].id if len(rows) == page.limit else None,
+    )
+
+
+@endpoint(
+    "GET",
+    "/v1/tenants/{tenant_id}",
+    summary="Show a tenant",
+    tags=TAGS,
+    auth="admin",
+    response=TenantOut,
+)
+async def get_tenant(call: Call) -> TenantOut:
+    async with call.services.sessions() as session:
+        tenant = await repo.get_tenant(session, tenant_id=call.path["tenant_id"])
+    return TenantOut.model_validate(tenant)
+
+
+@endpoint(
+    "PATCH",
+    "/v1/tenants/{tenant_id}",
+    summary="Rename, disable or enable a tenant, or change its quotas",
+    tags=TAGS,
+    auth="admin",
+    body=TenantPatch,
+    response=TenantOut,
+)
+async def update_tenant(call: Call) -> TenantOut:
+    body: TenantPatch = call.body
+    tenant_id = call.path["tenant_id"]
+    async with call.services.sessions.begin() as session:
+        tenant: Tenant = await repo.update_tenant(
+            session,
+            tenant_id=tenant_id,
+            name=body.name,
+            disabled=body.disabled,
+            quota=body.quota.model_dump(exclude_none=True) if body.quota else None,
+        )
+        out = TenantOut.model_validate(tenant)
+    call.services.authenticator.forget_tenant(tenant_id)
+    return out
+
+
+@endpoint(
+    "POST",
+    "/v1/tenants/{tenant_id}/keys",
+    summary="Create an API key",
+    tags=TAGS,
+    auth="admin",
+    body=KeyCreate,
+    response=NewKeyOut,
+    status=201,
+)
+async def create_key(call: Call) -> NewKeyOut:
+    body: KeyCreate = call.body
+    async with call.services.sessions.begin() as session:
+        key, plaintext = await repo.create_key(
+            session, tenant_id=call.path["tenant_id"], name=body.name
+        )
+    return _new_key(key, plaintext)
+
+
+@endpoint(
+    "GET",
+    "/v1/tenants/{tenant_id}/keys",
+    summary="List a tenant's API keys",
+    tags=TAGS,
+    auth="admin",
+    response=KeyList,
+)
+async def list_keys(call: Call) -> KeyList:
+    async with call.services.sessions() as session:
+        rows = await repo.list_keys(session, tenant_id=call.path["tenant_id"])
+    return KeyList(keys=[KeyOut.model_validate(k) for k in rows])
+
+
+@endpoint(
+    "DELETE",
+    "/v1/tenants/{tenant_id}/keys/{key_id}",
+    summary="Revoke an API key",
+    tags=TAGS,
+    auth="admin",
+    response=KeyOut,
+)
+async def revoke_key(call: Call) -> KeyOut:
+    tenant_id = call.path["tenant_id"]
+    async with call.services.sessions.begin() as session:
+        key = await repo.revoke_key(session, tenant_id=tenant_id, key_id=call.path["key_id"])
+        out = KeyOut.model_validate(key)
+    call.services.authenticator.forget_tenant(tenant_id)
+    return out
+
+
+def _new_key(key: ApiKey, plaintext: str) -> NewKeyOut:
+    return NewKeyOut(
+        id=key.id,
+        tenant_id=key.tenant_id,
+        name=key.name,
+        created_at=key.created_at,
+        revoked_at=key.revoked_at,
+        api_key=plaintext,
+    )
+
+
+endpoints = [
+    create_tenant,
+    list_tenants,
+    get_tenant,
+    update_tenant,
+    create_key,
+    list_keys,
+    revoke_key,
+]

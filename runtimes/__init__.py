@@ -1,0 +1,1 @@
+"""Corral's data plane: execution backends and the node agent that drives them."""

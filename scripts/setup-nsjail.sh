@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Prepare a node for the nsjail runtime (runtimes/nsjail). Idempotent; a no-op run
+# takes well under a second.
+#
+#  * installs, via apt only, the shared library the bundled nsjail binary links against
+#    and the toolchains the jails run (skipping packages that are already installed;
+#    `apt-get update` runs only when something must be installed);
+#  * creates the cgroup v1 parent directories nsjail puts each jail under, when this
+#    host has a v1 hierarchy (pure cgroup v2 hosts need no parent directory).
+#
+# Usage: scripts/setup-nsjail.sh            (as root)
+#        CORRAL_NSJAIL_CGROUP_PARENT=NAME scripts/setup-nsjail.sh
+set -euo pipefail
+
+PACKAGES=(libnl-route-3-200 python3 g++ nodejs default-jdk-headless rustc)
+CGROUP_PARENT="${CORRAL_NSJAIL_CGROUP_PARENT:-CORRAL}"
+CGROUP_ROOT=/sys/fs/cgroup
+
+if [[ $(id -u) -ne 0 ]]; then
+    echo "setup-nsjail: must run as root" >&2
+    exit 1
+fi
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+    status=$(dpkg-query -W -f='${db:Status-Status}' "$pkg" 2>/dev/null || true)
+    if [[ "$status" != "installed" ]]; then
+        missing+=("$pkg")
+    fi
+done
+
+if ((${#missing[@]})); then
+    echo "setup-nsjail: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+    echo "setup-nsjail: packages already installed"
+fi
+
+for controller in memory pids cpu; do
+    dir="$CGROUP_ROOT/$controller"
+    # A v1 hierarchy is a mount of type "cgroup" (v2 is "cgroup2").
+    if [[ -d "$dir" ]] && [[ "$(stat -f -c %T "$dir" 2>/dev/null)" == "cgroupfs" ]]; then
+        mkdir -p "$dir/$CGROUP_PARENT"
+        echo "setup-nsjail: cgroup v1 parent $dir/$CGROUP_PARENT ready"
+    fi
+done
+
+echo "setup-nsjail: done"

@@ -1,0 +1,128 @@
+"""Shared fixtures.
+
+``stack`` runs a test on the embedded stack (SQLite, in-process dispatch) and on the
+cluster stack (PostgreSQL, Redis Streams). The servers are started by
+``scripts/services.sh`` (``make test`` does it); without them the cluster cases skip,
+unless CORRAL_TEST_REQUIRE_SERVICES=1, where they fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from app.main import create_app
+from app.settings import Settings
+
+ADMIN_KEY = "test-admin-key-" + "x" * 24
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+
+def _service_url(name: str) -> str:
+    url = os.environ.get(name)
+    if url:
+        return url
+    if os.environ.get("CORRAL_TEST_REQUIRE_SERVICES") == "1":
+        pytest.fail(f"{name} is not set: run the tests through `make test`")
+    pytest.skip(f"{name} not set (start the servers with scripts/services.sh)")
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database, dropped afterwards."""
+    import asyncpg
+
+    server = _service_url("CORRAL_TEST_POSTGRES_URL")
+    name = "corral_t_" + secrets.token_hex(6)
+
+    async def admin(sql: str) -> None:
+        conn = await asyncpg.connect(server)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
+    try:
+        yield server.rsplit("/", 1)[0] + "/" + name
+    finally:
+        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    """The test Redis, flushed before and after."""
+    import redis
+
+    url = _service_url("CORRAL_TEST_REDIS_URL")
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    try:
+        yield url
+    finally:
+        client.flushdb()
+        client.close()
+
+
+@pytest.fixture
+def make_settings(tmp_path: Path) -> Callable[..., Settings]:
+    def make(**overrides: Any) -> Settings:
+        values: dict[str, Any] = {
+            "dev_mode": True,
+            "admin_key": ADMIN_KEY,
+            "data_dir": tmp_path / "data",
+            "runtimes": ["fake"],
+            "heartbeat_seconds": 0.2,
+            "node_dead_after_seconds": 1.0,
+        }
+        values.update(overrides)
+        return Settings(**values)
+
+    return make
+
+
+@pytest.fixture(
+    params=["embedded", pytest.param("cluster", marks=[pytest.mark.postgres, pytest.mark.redis])]
+)
+def stack(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """Settings overrides for one deployment shape."""
+    if request.param == "embedded":
+        return {}
+    return {
+        "database_url": request.getfixturevalue("postgres_url"),
+        "redis_url": request.getfixturevalue("redis_url"),
+    }
+
+
+@pytest.fixture
+def client(make_settings: Callable[..., Settings], stack: dict[str, Any]) -> Iterator[TestClient]:
+    with TestClient(create_app(make_settings(**stack))) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def new_tenant(client: TestClient) -> Callable[..., dict[str, Any]]:
+    """Create a tenant through the admin API; returns {"id", "key", "headers", ...}."""
+
+    def make(name: str | None = None, **quota: Any) -> dict[str, Any]:
+        body = {"name": name or "t-" + secrets.token_hex(4), "quota": quota}
+        response = client.post("/v1/tenants", json=body, headers=ADMIN)
+        assert response.status_code == 201, response.text
+        data = response.json()
+        key = data["key"]["api_key"]
+        return {
+            "id": data["tenant"]["id"],
+            "key": key,
+            "key_id": data["key"]["id"],
+            "headers": {"Authorization": f"Bearer {key}"},
+            "tenant": data["tenant"],
+        }
+
+    return make
