@@ -162,7 +162,7 @@ class RedisStreamsDispatcher(Dispatcher):
             )
             for stream, entries in batches or []:
                 for entry_id, fields in entries:
-                    fresh = self._decode(stream, entry_id, fields, attempt=1)
+                    fresh = await self._decode(stream, entry_id, fields, attempt=1)
                     if fresh is not None:
                         yield fresh
 
@@ -213,24 +213,22 @@ class RedisStreamsDispatcher(Dispatcher):
                     entry["consumer"],
                     attempt,
                 )
-                delivery = self._decode(stream, entry_id, fields, attempt=attempt)
+                delivery = await self._decode(stream, entry_id, fields, attempt=attempt)
                 if delivery is not None:
                     yield delivery
 
-    def _decode(
+    async def _decode(
         self, stream: str, entry_id: str, fields: dict[str, Any], *, attempt: int
     ) -> Delivery | None:
+        """The Delivery of an entry; an entry that is not a Job is dropped, not retried."""
         try:
             job = Job.model_validate_json(fields["job"])
         except (KeyError, ValueError):
             log.error("stream %s entry %s: not a Job; dropping it", stream, entry_id)
-            asyncio.get_running_loop().create_task(self._drop(stream, entry_id))
+            await self._redis.xack(stream, keys.NODE_GROUP, entry_id)
+            await self._redis.xdel(stream, entry_id)
             return None
         return Delivery(job=job, attempt=attempt, token=entry_id)
-
-    async def _drop(self, stream: str, entry_id: str) -> None:
-        await self._redis.xack(stream, keys.NODE_GROUP, entry_id)
-        await self._redis.xdel(stream, entry_id)
 
     async def _ensure_group(self, runtime: str) -> None:
         if runtime in self._groups_made:
