@@ -15,17 +15,20 @@ from typing import Any
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
+from app.db import tenants
 from app.db.engine import make_engine, make_sessionmaker
 from app.db.migrate import upgrade
 from app.dispatch.base import Dispatcher
 from app.dispatch.inprocess import InProcessDispatcher
 from app.dispatch.redis_streams import RedisStreamsDispatcher
+from app.errors import Conflict
 from app.execution import Executor
 from app.http.auth import Authenticator
 from app.metrics import Metrics
 from app.quotas.admission import Admission
 from app.quotas.counters import MemoryCounters, QuotaCounters
 from app.quotas.cpu import CpuUsage
+from app.quotas.model import QuotaLimits
 from app.quotas.redis_counters import RedisCounters
 from app.settings import Settings
 from runtimes import registry
@@ -106,6 +109,8 @@ async def open_services(
                 sessions,
                 admin_key=settings.admin_key.get_secret_value() if settings.admin_key else None,
                 cache_seconds=settings.auth_cache_seconds,
+                default_tenant=settings.default_tenant,
+                default_loopback_only=settings.default_tenant_loopback_only,
             ),
             executor=Executor(
                 sessions=sessions,
@@ -122,11 +127,27 @@ async def open_services(
             lambda: services.gauges.get("queue", {}),
             "queue",
         )
+        if settings.default_tenant:
+            await ensure_tenant(sessions, settings.default_tenant, settings)
         if with_node:
             services.node = await stack.enter_async_context(
                 running_node(settings, dispatcher, sessions, metrics)
             )
         yield services
+
+
+async def ensure_tenant(sessions: async_sessionmaker[Any], name: str, settings: Settings) -> None:
+    """Create tenant ``name`` with the default quotas unless it exists."""
+    async with sessions.begin() as session:
+        if await tenants.find_tenant_by_name(session, name=name) is not None:
+            return
+        try:
+            tenant, _key, _plaintext = await tenants.create_tenant(
+                session, name=name, quota=QuotaLimits.from_defaults(settings.quota)
+            )
+        except Conflict:  # another process made it first
+            return
+    log.info("default tenant %s (%s) created for keyless requests", name, tenant.id)
 
 
 @contextlib.asynccontextmanager

@@ -56,6 +56,14 @@ class Settings(BaseSettings):
     auth_cache_seconds: float = Field(
         2.0, ge=0, description="How long a verified API key is trusted without a database read."
     )
+    default_tenant: str | None = Field(
+        None,
+        description="Name of the tenant that keyless SandboxFusion-style requests act as "
+        "(created at start-up if missing). Unset: every request needs a key.",
+    )
+    default_tenant_loopback_only: bool = Field(
+        True, description="Accept keyless requests only from loopback clients."
+    )
     run_migrations: bool = Field(True, description="Run `alembic upgrade head` at startup.")
 
     # --- admission ---------------------------------------------------------------------

@@ -126,3 +126,49 @@ def new_tenant(client: TestClient) -> Callable[..., dict[str, Any]]:
         }
 
     return make
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def live_server(make_settings: Callable[..., Settings]) -> Iterator[Callable[..., str]]:
+    """Start Corral on a real uvicorn server in a thread; returns its base URL.
+
+    For clients that need a real socket (requests-based SDKs, keyless loopback access).
+    """
+    import threading
+    import time
+
+    import uvicorn
+
+    servers: list[tuple[uvicorn.Server, threading.Thread]] = []
+
+    def start(**overrides: Any) -> str:
+        port = free_port()
+        app = create_app(make_settings(port=port, **overrides))
+        server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+        )
+        thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
+        thread.start()
+        servers.append((server, thread))
+        deadline = time.monotonic() + 60
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.02)
+        return f"http://127.0.0.1:{port}"
+
+    try:
+        yield start
+    finally:
+        for server, _thread in servers:
+            server.should_exit = True
+        for _server, thread in servers:
+            thread.join(30)

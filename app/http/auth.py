@@ -8,6 +8,7 @@ notice within that window).
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import time
 from typing import Any
@@ -34,11 +35,16 @@ class Authenticator:
         *,
         admin_key: str | None,
         cache_seconds: float,
+        default_tenant: str | None = None,
+        default_loopback_only: bool = True,
     ) -> None:
         self._sessions = sessions
         self._admin_key = admin_key
         self._cache_s = cache_seconds
         self._cache: dict[str, tuple[float, Principal]] = {}
+        self._default_tenant = default_tenant
+        self._default_loopback_only = default_loopback_only
+        self._default: tuple[float, Principal] | None = None
 
     async def authenticate(self, request: Request, auth: Auth) -> Principal | Admin | None:
         if auth == "none":
@@ -51,8 +57,37 @@ class Authenticator:
                 return _ADMIN
             raise AdminRequired()
         if presented is None:
+            if auth == "tenant_or_default" and self._default_allowed(request):
+                return await self.default_principal()
             raise Unauthenticated()
         return await self.tenant_for(presented)
+
+    def _default_allowed(self, request: Request) -> bool:
+        if self._default_tenant is None:
+            return False
+        if not self._default_loopback_only:
+            return True
+        host = request.client.host if request.client else ""
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return False
+
+    async def default_principal(self) -> Principal:
+        """The default tenant (for keyless requests), cached like a key."""
+        assert self._default_tenant is not None
+        now = time.monotonic()
+        if self._default is not None and now - self._default[0] < self._cache_s:
+            return self._default[1]
+        async with self._sessions() as session:
+            tenant = await tenants.find_tenant_by_name(session, name=self._default_tenant)
+        if tenant is None:
+            raise InvalidApiKey(f"the default tenant {self._default_tenant!r} does not exist")
+        if tenant.disabled:
+            raise TenantDisabled()
+        principal = Principal(tenant.id, None, QuotaLimits.from_row(tenant.quota))
+        self._default = (now, principal)
+        return principal
 
     async def tenant_for(self, presented: str) -> Principal:
         now = time.monotonic()
@@ -80,6 +115,7 @@ class Authenticator:
         """Drop cached principals of a tenant (after a change to it or its keys)."""
         for presented in [k for k, (_, p) in self._cache.items() if p.tenant_id == tenant_id]:
             del self._cache[presented]
+        self._default = None
 
 
 def presented_key(request: Request) -> str | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from app.http.endpoint import Endpoint
-from app.routes import health, invocations, run, runtimes, tenants
+from app.routes import health, invocations, run, runtimes, sandboxfusion, tenants
 
 ENDPOINTS: list[Endpoint] = [
     *health.endpoints,
@@ -11,4 +11,5 @@ ENDPOINTS: list[Endpoint] = [
     *run.endpoints,
     *invocations.endpoints,
     *runtimes.endpoints,
+    *sandboxfusion.endpoints,
 ]

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+
+from app.errors import CorralError
 from app.http.endpoint import Call, endpoint
 from app.routes.present import run_response
-from app.schemas.run import RunRequest, RunResponse
+from app.schemas.run import (
+    BatchItem,
+    BatchItemError,
+    BatchRunRequest,
+    BatchRunResponse,
+    RunRequest,
+    RunResponse,
+)
 from runtimes.models import RunLimits, RunSpec
 
 #: Memory given to a run that names none, unless the tenant's maximum is lower.
@@ -42,4 +52,29 @@ async def run(call: Call) -> RunResponse:
     return run_response(row, result)
 
 
-endpoints = [run]
+@endpoint(
+    "POST",
+    "/v1/run/batch",
+    summary="Run many, concurrently; results in request order",
+    tags=["run"],
+    body=BatchRunRequest,
+    response=BatchRunResponse,
+)
+async def run_batch(call: Call) -> BatchRunResponse:
+    principal = call.tenant
+    body: BatchRunRequest = call.body
+    executor = call.services.executor
+
+    async def one(request: RunRequest) -> BatchItem:
+        try:
+            spec = to_spec(request, principal.quota.max_memory_mb)
+            row, result = await executor.run(principal, spec)
+        except CorralError as exc:  # each item is admitted and answered on its own
+            return BatchItem(error=BatchItemError(code=exc.code, message=exc.message))
+        return BatchItem(result=run_response(row, result))
+
+    items = await asyncio.gather(*(one(r) for r in body.runs))
+    return BatchRunResponse(results=list(items))
+
+
+endpoints = [run, run_batch]

@@ -45,3 +45,23 @@ class RunResponse(BaseModel):
     files: dict[str, str] = Field(default_factory=dict)
     timings: Timings = Field(default_factory=Timings)
     created_at: datetime | None = None
+
+
+class BatchRunRequest(Strict):
+    runs: list[RunRequest] = Field(min_length=1, max_length=256)
+
+
+class BatchItemError(BaseModel):
+    code: str
+    message: str
+
+
+class BatchItem(BaseModel):
+    """One run of a batch: its result, or why it was not run (e.g. ``rate_limited``)."""
+
+    result: RunResponse | None = None
+    error: BatchItemError | None = None
+
+
+class BatchRunResponse(BaseModel):
+    results: list[BatchItem]

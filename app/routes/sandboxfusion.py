@@ -1,0 +1,128 @@
+"""SandboxFusion compatibility: ``POST /run_code`` and ``GET /v1/ping``.
+
+Keyless requests (verl and the SandboxFusion clients send no key) act as the configured
+default tenant, which the embedded default enables for loopback clients only. A
+requested memory limit over the tenant's quota is capped, not refused, because these
+clients treat any non-200 answer as a failed reward.
+"""
+
+from __future__ import annotations
+
+from pydantic import RootModel
+
+from app.http.endpoint import Call, endpoint
+from app.routes.present import stored_result
+from app.schemas.sandboxfusion import (
+    SfCommandRunResult,
+    SfCommandStatus,
+    SfRunCodeRequest,
+    SfRunCodeResponse,
+    SfRunStatus,
+)
+from runtimes.models import RunLimits, RunResult, RunSpec, StageResult, StageStatus
+
+#: Memory for a request that says -1, unless the tenant's maximum is lower.
+DEFAULT_MEMORY_MB = 512
+
+
+class Pong(RootModel[str]):
+    pass
+
+
+@endpoint(
+    "GET",
+    "/v1/ping",
+    summary='SandboxFusion liveness: answers "pong"',
+    tags=["sandboxfusion"],
+    auth="none",
+    response=Pong,
+)
+async def ping(call: Call) -> Pong:
+    return Pong("pong")
+
+
+@endpoint(
+    "POST",
+    "/run_code",
+    summary="Run code (SandboxFusion-compatible)",
+    tags=["sandboxfusion"],
+    auth="tenant_or_default",
+    body=SfRunCodeRequest,
+    response=SfRunCodeResponse,
+)
+async def run_code(call: Call) -> SfRunCodeResponse:
+    body: SfRunCodeRequest = call.body
+    principal = call.tenant
+    quota = principal.quota
+    memory = body.memory_limit_MB if body.memory_limit_MB > 0 else DEFAULT_MEMORY_MB
+    spec = RunSpec(
+        language=body.language,
+        code=body.code,
+        stdin=body.stdin or "",
+        files={k: v for k, v in body.files.items() if v is not None},
+        fetch_files=body.fetch_files,
+        limits=RunLimits(
+            compile_timeout_s=min(body.compile_timeout, quota.max_wall_seconds),
+            run_timeout_s=min(body.run_timeout, quota.max_wall_seconds),
+            memory_mb=max(16, min(memory, quota.max_memory_mb)),
+        ),
+    )
+    row, result = await call.services.executor.run(principal, spec)
+    return to_response(result or stored_result(row), invocation_id=row.id, node_id=row.node_id)
+
+
+def to_response(
+    result: RunResult | None, *, invocation_id: str, node_id: str | None
+) -> SfRunCodeResponse:
+    if result is None or result.error is not None:
+        reason = result.error if result is not None else "no result was stored"
+        return SfRunCodeResponse(
+            status=SfRunStatus.SANDBOX_ERROR,
+            message=f"{reason} (invocation {invocation_id})",
+            executor_pod_name=node_id,
+        )
+    return SfRunCodeResponse(
+        status=SfRunStatus.SUCCESS if result.succeeded else SfRunStatus.FAILED,
+        message="" if result.succeeded else _failure_message(result),
+        compile_result=_command(result.compile),
+        run_result=_command(result.run),
+        executor_pod_name=node_id,
+        files=result.files,
+    )
+
+
+def _command(stage: StageResult | None) -> SfCommandRunResult | None:
+    if stage is None:
+        return None
+    if stage.status is StageStatus.TIME_LIMIT:
+        status, code = SfCommandStatus.TIME_LIMIT_EXCEEDED, stage.exit_code
+    elif stage.status is StageStatus.ERROR:
+        status, code = SfCommandStatus.ERROR, stage.exit_code
+    elif stage.status is StageStatus.FINISHED:
+        status, code = SfCommandStatus.FINISHED, stage.exit_code
+    else:  # killed by a limit or a signal: finished, with the shell's 128+signal code
+        status = SfCommandStatus.FINISHED
+        code = stage.exit_code if stage.exit_code is not None else 128 + (stage.signal or 9)
+    stderr = stage.stderr
+    if stage.message and stage.status is not StageStatus.FINISHED:
+        stderr += (
+            "" if stderr.endswith("\n") or not stderr else "\n"
+        ) + f"[corral] {stage.message}\n"
+    return SfCommandRunResult(
+        status=status,
+        execution_time=stage.wall_ms / 1000.0,
+        return_code=code,
+        stdout=stage.stdout,
+        stderr=stderr,
+    )
+
+
+def _failure_message(result: RunResult) -> str:
+    for name, stage in (("compile", result.compile), ("run", result.run)):
+        if stage is not None and not stage.ok:
+            detail = stage.message or f"exit code {stage.exit_code}"
+            return f"{name} stage {stage.status}: {detail}"
+    return "failed"
+
+
+endpoints = [ping, run_code]
