@@ -166,7 +166,12 @@ def _request(url: str, key: str | None, method: str, path: str, body: Any = None
             response = client.request(method, path, json=body, headers=headers)
     except httpx.HTTPError as exc:
         raise click.ClickException(f"cannot reach {url}: {exc}") from None
-    data = response.json() if response.content else None
+    try:
+        data = response.json() if response.content else None
+    except ValueError:
+        raise click.ClickException(
+            f"{response.status_code} from {url}: not a Corral answer: {response.text[:200]!r}"
+        ) from None
     if response.status_code >= 400:
         err = (data or {}).get("error", {})
         raise click.ClickException(

@@ -12,12 +12,12 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import and_, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db import usage
 from app.db.models import Invocation, utcnow
-from app.errors import NotFound
+from app.errors import NotFound, ValidationFailed
 from runtimes.models import RunResult
 
 
@@ -153,7 +153,9 @@ async def list_for_tenant(
     kind: str | None = None,
     language: str | None = None,
     before: datetime | None = None,
+    after_row: tuple[datetime, str] | None = None,
 ) -> Sequence[Invocation]:
+    """Newest first. ``after_row`` (a decoded cursor) continues after that row."""
     query = select(Invocation).where(Invocation.tenant_id == tenant_id)
     if status:
         query = query.where(Invocation.status == status)
@@ -163,8 +165,31 @@ async def list_for_tenant(
         query = query.where(Invocation.language == language)
     if before:
         query = query.where(Invocation.created_at < before)
+    if after_row:
+        created, row_id = after_row
+        query = query.where(
+            or_(
+                Invocation.created_at < created,
+                and_(Invocation.created_at == created, Invocation.id < row_id),
+            )
+        )
     query = query.order_by(Invocation.created_at.desc(), Invocation.id.desc()).limit(limit)
     return (await session.scalars(query)).all()
+
+
+def encode_cursor(row: Invocation) -> str:
+    return f"{row.created_at.isoformat()}|{row.id}"
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    created, sep, row_id = cursor.partition("|")
+    try:
+        when = datetime.fromisoformat(created)
+    except ValueError:
+        when = None
+    if not sep or not row_id or when is None or when.tzinfo is None:
+        raise ValidationFailed("cursor is not one this API returned")
+    return when, row_id
 
 
 def _ms_between(start: datetime | None, end: datetime | None) -> float | None:

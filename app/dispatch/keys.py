@@ -36,5 +36,5 @@ def quota_slots(tenant_id: str) -> str:
 
 
 def quota_waiting(tenant_id: str) -> str:
-    """Counter of requests waiting in the tenant's admission queue."""
+    """Sorted set of requests waiting in the tenant's admission queue, scored by expiry."""
     return f"{PREFIX}:quota:{tenant_id}:waiting"

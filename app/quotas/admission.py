@@ -72,7 +72,10 @@ class Admission:
         limit = quota.max_concurrent_executions
         if await self.counters.try_acquire_slot(tenant_id, limit=limit, lease_id=lease_id, ttl=ttl):
             return
-        if not await self.counters.enter_queue(tenant_id, depth=self._depth):
+        entered = await self.counters.enter_queue(
+            tenant_id, depth=self._depth, entry_id=lease_id, ttl=self._queue_s + LEASE_GRACE_S
+        )
+        if not entered:
             raise ConcurrencyLimited("the tenant's admission queue is full", retry_after=1.0)
         try:
             deadline = started + self._queue_s
@@ -87,4 +90,4 @@ class Admission:
                 ):
                     return
         finally:
-            await asyncio.shield(self.counters.leave_queue(tenant_id))
+            await asyncio.shield(self.counters.leave_queue(tenant_id, entry_id=lease_id))

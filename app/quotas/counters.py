@@ -38,10 +38,12 @@ class QuotaCounters(ABC):
         """Return when a slot may have come free, or after ``timeout``."""
 
     @abstractmethod
-    async def enter_queue(self, tenant_id: str, *, depth: int) -> bool: ...
+    async def enter_queue(self, tenant_id: str, *, depth: int, entry_id: str, ttl: float) -> bool:
+        """Join the tenant's admission queue unless ``depth`` are waiting. The entry
+        expires after ``ttl`` so a crashed gateway cannot fill the queue forever."""
 
     @abstractmethod
-    async def leave_queue(self, tenant_id: str) -> None: ...
+    async def leave_queue(self, tenant_id: str, *, entry_id: str) -> None: ...
 
     @abstractmethod
     async def waiting(self) -> int:
@@ -60,7 +62,7 @@ class _Bucket:
 @dataclass
 class _TenantState:
     leases: dict[str, float] = field(default_factory=dict)  # lease id -> expiry
-    waiting: int = 0
+    waiting: dict[str, float] = field(default_factory=dict)  # queue entry -> expiry
     freed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -108,19 +110,21 @@ class MemoryCounters(QuotaCounters):
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(state.freed.wait(), timeout)
 
-    async def enter_queue(self, tenant_id: str, *, depth: int) -> bool:
+    async def enter_queue(self, tenant_id: str, *, depth: int, entry_id: str, ttl: float) -> bool:
         state = self._state(tenant_id)
-        if state.waiting >= depth:
+        now = self._clock()
+        for expired in [k for k, exp in state.waiting.items() if exp <= now]:
+            del state.waiting[expired]
+        if len(state.waiting) >= depth:
             return False
-        state.waiting += 1
+        state.waiting[entry_id] = now + ttl
         return True
 
-    async def leave_queue(self, tenant_id: str) -> None:
-        state = self._state(tenant_id)
-        state.waiting = max(0, state.waiting - 1)
+    async def leave_queue(self, tenant_id: str, *, entry_id: str) -> None:
+        self._state(tenant_id).waiting.pop(entry_id, None)
 
     async def waiting(self) -> int:
-        return sum(s.waiting for s in self._tenants.values())
+        return sum(len(s.waiting) for s in self._tenants.values())
 
     def active(self, tenant_id: str) -> int:
         return len(self._state(tenant_id).leases)

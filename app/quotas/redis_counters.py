@@ -34,23 +34,20 @@ _ACQUIRE_SLOT = """
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[3])
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
 redis.call('ZADD', KEYS[1], ARGV[4], ARGV[2])
-redis.call('PEXPIREAT', KEYS[1], math.ceil(tonumber(ARGV[4]) * 1000))
+-- The key lives as long as its longest lease, never shorter.
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+redis.call('PEXPIREAT', KEYS[1], math.ceil(tonumber(last[2]) * 1000))
 return 1
 """
 
-# KEYS[1] waiting counter; ARGV depth. Returns 1 if entered.
+# KEYS[1] waiting zset (entry -> expiry); ARGV depth, entry id, now, expiry. 1 if entered.
 _ENTER_QUEUE = """
-local n = tonumber(redis.call('GET', KEYS[1]) or '0')
-if n >= tonumber(ARGV[1]) then return 0 end
-redis.call('INCR', KEYS[1])
-redis.call('EXPIRE', KEYS[1], 3600)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[3])
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[4], ARGV[2])
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+redis.call('PEXPIREAT', KEYS[1], math.ceil(tonumber(last[2]) * 1000))
 return 1
-"""
-
-_LEAVE_QUEUE = """
-local n = tonumber(redis.call('GET', KEYS[1]) or '0')
-if n > 0 then redis.call('DECR', KEYS[1]) end
-return 0
 """
 
 #: How often a request over its concurrency quota looks for a free slot.
@@ -63,7 +60,6 @@ class RedisCounters(QuotaCounters):
         self._reserve = redis.register_script(_RESERVE_TOKEN)
         self._acquire = redis.register_script(_ACQUIRE_SLOT)
         self._enter = redis.register_script(_ENTER_QUEUE)
-        self._leave = redis.register_script(_LEAVE_QUEUE)
         self._local_waiting = 0
 
     async def reserve_token(
@@ -93,15 +89,20 @@ class RedisCounters(QuotaCounters):
         # wait only happens when a tenant is over its concurrency quota.
         await asyncio.sleep(min(timeout, _SLOT_POLL_S))
 
-    async def enter_queue(self, tenant_id: str, *, depth: int) -> bool:
-        entered = bool(await self._enter(keys=[keys.quota_waiting(tenant_id)], args=[depth]))
+    async def enter_queue(self, tenant_id: str, *, depth: int, entry_id: str, ttl: float) -> bool:
+        now = time.time()
+        entered = bool(
+            await self._enter(
+                keys=[keys.quota_waiting(tenant_id)], args=[depth, entry_id, now, now + ttl]
+            )
+        )
         if entered:
             self._local_waiting += 1
         return entered
 
-    async def leave_queue(self, tenant_id: str) -> None:
+    async def leave_queue(self, tenant_id: str, *, entry_id: str) -> None:
         self._local_waiting = max(0, self._local_waiting - 1)
-        await self._leave(keys=[keys.quota_waiting(tenant_id)], args=[])
+        await self._redis.zrem(keys.quota_waiting(tenant_id), entry_id)
 
     async def waiting(self) -> int:
         return self._local_waiting

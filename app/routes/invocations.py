@@ -44,10 +44,11 @@ async def list_invocations(call: Call) -> InvocationList:
             kind=q.kind,
             language=q.language,
             before=q.before,
+            after_row=repo.decode_cursor(q.cursor) if q.cursor else None,
         )
     return InvocationList(
         invocations=[invocation_out(r) for r in rows],
-        next_before=rows[-1].created_at if len(rows) == q.limit else None,
+        next_cursor=repo.encode_cursor(rows[-1]) if len(rows) == q.limit else None,
     )
 
 

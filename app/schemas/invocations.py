@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AwareDatetime, BaseModel, Field
 
 from app.schemas.common import Strict
 from app.schemas.run import RunResponse
@@ -16,7 +16,10 @@ class InvocationQuery(Strict):
     status: Literal["queued", "running", "succeeded", "failed", "errored"] | None = None
     kind: Literal["run", "function"] | None = None
     language: str | None = Field(None, max_length=32)
-    before: datetime | None = Field(None, description="only invocations created before this")
+    before: AwareDatetime | None = Field(
+        None, description="only invocations created before this time (with a timezone)"
+    )
+    cursor: str | None = Field(None, max_length=128, description="next_cursor of the previous page")
 
 
 class InvocationOut(RunResponse):
@@ -30,4 +33,4 @@ class InvocationOut(RunResponse):
 
 class InvocationList(BaseModel):
     invocations: list[InvocationOut]
-    next_before: datetime | None = None
+    next_cursor: str | None = Field(None, description="pass as cursor for the next page")
