@@ -14,10 +14,13 @@ help:
 	@echo "make test   install what the tests need, start PostgreSQL and Redis, run the suite"
 	@echo "make lint   ruff and mypy"
 
+# verl's reward client is tested unchanged; `import verl` would pull in torch, so it is
+# installed without dependencies and loaded by path (tests/compat/test_verl_reward.py).
 $(STAMP): pyproject.toml
 	@PYTHON=$$(scripts/find-python) || exit 1; \
 	  [ -x $(PY) ] || $$PYTHON -m venv $(VENV); \
-	  $(PY) -m pip install -q -e '.[dev]' && touch $(STAMP)
+	  $(PY) -m pip install -q -e '.[dev]' && \
+	  $(PY) -m pip install -q --no-deps verl==0.9.1 && touch $(STAMP)
 
 run: $(STAMP)
 	@bash scripts/setup-nsjail.sh

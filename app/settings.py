@@ -7,7 +7,7 @@ passed down; nothing reads configuration at import time.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -92,6 +92,11 @@ class Settings(BaseSettings):
     )
 
     quota: QuotaDefaults = Field(default_factory=QuotaDefaults)
+    nsjail: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Overrides for the nsjail backend (runtimes/nsjail/config.py), as JSON: "
+        'e.g. CORRAL_NSJAIL=\'{"max_jails": 64, "warm_per_language": 2}\'.',
+    )
 
     @model_validator(mode="after")
     def _check_admin_key(self) -> Self:

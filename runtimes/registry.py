@@ -56,7 +56,7 @@ def _load_builtins() -> None:
     _loaded = True
     import importlib
 
-    for module in ("runtimes.fake", "runtimes.nsjail"):
+    for module in ("runtimes.fake", "runtimes.nsjail", "runtimes.wasm"):
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:

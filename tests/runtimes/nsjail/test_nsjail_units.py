@@ -1,0 +1,199 @@
+"""Pure unit tests of the nsjail backend's pieces (no jail is started)."""
+
+from __future__ import annotations
+
+import itertools
+import signal
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from app.settings import Settings
+from runtimes import registry
+from runtimes.models import RunLimits, RunSpec, StageStatus
+from runtimes.nsjail import NsjailConfig, NsjailRuntime
+from runtimes.nsjail.cgroups import CgroupMode, CgroupSetup
+from runtimes.nsjail.command import JailCommand
+from runtimes.nsjail.languages import BUILTIN, StagePlan, plan
+from runtimes.nsjail.request import InvalidSpec, check, output_cap, zygote_memory_mb
+from runtimes.nsjail.results import classify
+from runtimes.nsjail.seccomp import kafel_policy
+
+REQUIRED_DENIED = {
+    "ptrace", "mount", "umount", "kexec_load", "kexec_file_load", "bpf", "perf_event_open",
+    "keyctl", "add_key", "request_key", "userfaultfd", "init_module", "finit_module",
+    "delete_module", "pivot_root", "swapon", "swapoff", "reboot", "setns", "unshare",
+}  # fmt: skip
+
+
+def test_seccomp_policy_denies_the_dangerous_calls() -> None:
+    policy = kafel_policy()
+    denied = policy.split("{", 1)[1].split("}", 1)[0]
+    names = {name.strip() for name in denied.replace("clone", ",").split(",")}
+    assert names >= REQUIRED_DENIED
+    assert "clone3" in policy and policy.endswith("DEFAULT ALLOW")
+
+
+def _command(tmp_path: Path, **config: Any) -> list[str]:
+    cmd = JailCommand(
+        nsjail=Path("/usr/bin/nsjail"),
+        config=NsjailConfig(**config),
+        cgroups=CgroupSetup(
+            CgroupMode.V1,
+            "CORRAL",
+            memory=Path("/sys/fs/cgroup/memory"),
+            pids=Path("/sys/fs/cgroup/pids"),
+            cpu=Path("/sys/fs/cgroup/cpu"),
+        ),
+        etc_dir=tmp_path,
+        zygote="pass",
+    )
+    return cmd.argv(hostname="corral-x", initial_memory_bytes=1 << 28)
+
+
+def test_command_maps_nobody_to_nobody_and_binds_nothing_private(tmp_path: Path) -> None:
+    argv = _command(tmp_path)
+    pairs = list(itertools.pairwise(argv))
+    assert ("--user", "65534:65534") in pairs and ("--group", "65534:65534") in pairs
+    assert all(not (flag in ("--user", "-u") and value == "65534") for flag, value in pairs)
+    binds = [value for flag, value in pairs if flag in ("--bindmount_ro", "--bindmount")]
+    assert not [v for v in argv if v.startswith("--bindmount") and v != "--bindmount_ro"]
+    for forbidden in ("/etc/shadow", "/root", "/home", "/work", "/etc", "/", "/var", "/sys"):
+        assert forbidden not in [b.split(":")[0] for b in binds]
+    assert "--disable_clone_newnet" not in argv and "-N" not in argv
+    assert "--keep_env" not in argv and "--keep_caps" not in argv
+    assert ("--cgroup_mem_parent", "CORRAL") in pairs and (
+        "--cgroup_pids_parent",
+        "CORRAL",
+    ) in pairs
+    assert argv[argv.index("--") + 1 :] == ["/usr/bin/python3", "-I", "-c", "pass"]
+
+
+def test_cgroup_v2_flags() -> None:
+    setup = CgroupSetup(CgroupMode.V2, "CORRAL", root=Path("/sys/fs/cgroup"))
+    flags = setup.nsjail_flags(memory_bytes=100, pids=10, cpu_ms_per_sec=500)
+    assert "--use_cgroupv2" in flags and "--cgroup_mem_parent" not in flags
+    assert (
+        CgroupSetup(CgroupMode.OFF, "X").nsjail_flags(memory_bytes=1, pids=1, cpu_ms_per_sec=1)
+        == []
+    )
+
+
+def _plan(name: str = "run", **kw: Any) -> StagePlan:
+    base: dict[str, Any] = {
+        "name": name, "argv": ("./main",), "timeout_s": 2.0, "memory_mb": 128,
+        "address_space_bytes": 128 << 20, "nproc": 10, "max_file_bytes": 1 << 20,
+        "nofile": 64, "stdin": True, "oom_markers": ("std::bad_alloc",),
+    }  # fmt: skip
+    base.update(kw)
+    return StagePlan(**base)
+
+
+def _report(**kw: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "name": "run", "exit_code": 0, "signal": None, "stdout": "", "stderr": "",
+        "timed_out": False, "cpu_ms": 10.0, "cpu_limit_s": 2, "memory_error": False,
+        "error": None,
+    }  # fmt: skip
+    base.update(kw)
+    return base
+
+
+@pytest.mark.parametrize(
+    ("report", "oom", "status"),
+    [
+        (_report(), False, StageStatus.FINISHED),
+        (_report(exit_code=3), False, StageStatus.FINISHED),
+        (_report(exit_code=None, signal=9, timed_out=True), False, StageStatus.TIME_LIMIT),
+        (_report(exit_code=None, signal=signal.SIGXCPU), False, StageStatus.TIME_LIMIT),
+        (_report(exit_code=None, signal=9, cpu_ms=2500.0), False, StageStatus.TIME_LIMIT),
+        (_report(exit_code=None, signal=9), True, StageStatus.MEMORY_LIMIT),
+        (_report(exit_code=1, memory_error=True), False, StageStatus.MEMORY_LIMIT),
+        (
+            _report(exit_code=None, signal=6, stderr="what(): std::bad_alloc"),
+            False,
+            StageStatus.MEMORY_LIMIT,
+        ),
+        (_report(exit_code=0, stderr="std::bad_alloc"), False, StageStatus.FINISHED),
+        (_report(exit_code=None, signal=signal.SIGXFSZ), False, StageStatus.OUTPUT_LIMIT),
+        (_report(exit_code=None, signal=11), False, StageStatus.KILLED),
+        (_report(exit_code=None, signal=9), False, StageStatus.KILLED),
+        (_report(exit_code=126, error="cannot execute ./main"), False, StageStatus.ERROR),
+    ],
+)
+def test_status_mapping(report: dict[str, Any], oom: bool, status: StageStatus) -> None:
+    got, message = classify(report, _plan(), oom_killed=oom)
+    assert got is status
+    assert (message is None) == (status is StageStatus.FINISHED)
+
+
+def test_stage_plans() -> None:
+    config = NsjailConfig()
+    langs = {lang.name: lang for lang in BUILTIN}
+    limits = RunLimits(memory_mb=200, max_processes=5, run_timeout_s=3, compile_timeout_s=7)
+    spec = RunSpec(language="cpp", code="", limits=limits)
+    compile_stage, run_stage = plan(langs["cpp"], spec, config)
+    assert compile_stage.name == "compile" and compile_stage.timeout_s == 7
+    assert compile_stage.argv[:3] == ("/usr/bin/g++", "-std=c++17", "-O2")
+    assert run_stage.timeout_s == 3 and run_stage.address_space_bytes == 200 << 20
+    assert run_stage.nproc == 6
+    java_run = plan(langs["java"], spec.model_copy(update={"language": "java"}), config)[-1]
+    assert java_run.address_space_bytes is None  # the JVM is bounded by the cgroup
+    assert "-Xmx150m" in java_run.argv
+    [python_run] = plan(langs["python"], RunSpec(language="python", code="x"), config)
+    assert python_run.python_source == "x"
+
+
+@pytest.mark.parametrize("path", ["", "/abs", "../x", "a/../b", "a//b", "./a", "a\0b", "a\\b"])
+def test_request_paths_are_checked(path: str) -> None:
+    langs = {lang.name: lang for lang in BUILTIN}
+    spec = RunSpec(language="python", code="", files={path: ""})
+    with pytest.raises(InvalidSpec):
+        check(spec, langs["python"], NsjailConfig())
+    spec = RunSpec(language="python", code="", fetch_files=[path])
+    with pytest.raises(InvalidSpec):
+        check(spec, langs["python"], NsjailConfig())
+
+
+def test_request_size_is_bounded() -> None:
+    langs = {lang.name: lang for lang in BUILTIN}
+    spec = RunSpec(language="python", code="x" * 5000)
+    with pytest.raises(InvalidSpec, match="more than"):
+        check(spec, langs["python"], NsjailConfig(max_input_bytes=1024))
+
+
+def test_lone_surrogates_are_rejected() -> None:
+    langs = {lang.name: lang for lang in BUILTIN}
+    with pytest.raises(InvalidSpec, match="code is not valid Unicode"):
+        check(RunSpec(language="python", code="print('\ud800')"), langs["python"], NsjailConfig())
+    with pytest.raises(InvalidSpec, match="stdin"):
+        check(RunSpec(language="python", code="", stdin="\udc80"), langs["python"], NsjailConfig())
+
+
+def test_output_cap_and_zygote_memory() -> None:
+    config = NsjailConfig(max_output_bytes=4 << 20, jail_overhead_mb=96, max_fetch_bytes=16 << 20)
+    huge = RunSpec(language="python", code="", limits=RunLimits(max_output_bytes=1 << 30))
+    assert output_cap(huge, config) == 4 << 20
+    small = RunSpec(language="python", code="", limits=RunLimits(max_output_bytes=1 << 20))
+    assert output_cap(small, config) == 1 << 20
+    assert zygote_memory_mb(small, config) == 96 + 4
+    fetching = small.model_copy(update={"fetch_files": ["out.bin"]})
+    assert zygote_memory_mb(fetching, config) == 96 + 4 + 48
+
+
+def test_config_from_settings() -> None:
+    settings = Settings(dev_mode=True, node_slots=3)
+    config = NsjailConfig.from_settings(settings)
+    assert config.max_jails == 14 and config.require_cgroups is False
+    prod = SimpleNamespace(node_slots=8, dev_mode=False, nsjail={"max_uses_per_jail": 7})
+    config = NsjailConfig.from_settings(prod)  # type: ignore[arg-type]
+    assert config.max_uses_per_jail == 7 and config.require_cgroups is True
+
+
+def test_registered_under_its_name() -> None:
+    assert "nsjail" in registry.names()
+    runtime = registry.create("nsjail", Settings(dev_mode=True))
+    assert isinstance(runtime, NsjailRuntime)
+    assert runtime.stats() == {"warm": 0, "busy": 0, "starting": 0}
