@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from app.auth.principal import Principal
 from app.db import invocations
 from app.db.models import Invocation
+from app.db.writer import BatchWriter
 from app.dispatch.base import Dispatcher
 from app.dispatch.messages import Completion, Job
 from app.errors import ExecutionTimeout, LimitTooHigh, NoCapacity, UnsupportedRuntime
@@ -37,12 +38,14 @@ class Executor:
         self,
         *,
         sessions: async_sessionmaker[Any],
+        writer: BatchWriter,
         dispatcher: Dispatcher,
         admission: Admission,
         metrics: Metrics,
         wait_grace_s: float,
     ) -> None:
         self._sessions = sessions
+        self._writer = writer
         self._dispatcher = dispatcher
         self._admission = admission
         self._metrics = metrics
@@ -68,16 +71,18 @@ class Executor:
         runtime = await self.runtime_for(spec.language)
         async with self._admission.admit(principal.tenant_id, quota, wall_seconds=wall):
             invocation_id = new_id("inv")
-            async with self._sessions.begin() as session:
-                row = await invocations.create(
-                    session,
+            request = _request_record(spec)
+            row = await self._writer.write(
+                lambda s: invocations.create(
+                    s,
                     invocation_id=invocation_id,
                     tenant_id=principal.tenant_id,
                     kind="run",
                     runtime=runtime,
                     language=spec.language,
-                    request=_request_record(spec),
+                    request=request,
                 )
+            )
             job = Job(
                 invocation_id=invocation_id,
                 tenant_id=principal.tenant_id,

@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 from app.db import tenants
 from app.db.engine import make_engine, make_sessionmaker
 from app.db.migrate import upgrade
+from app.db.writer import BatchWriter
 from app.dispatch.base import Dispatcher
 from app.dispatch.inprocess import InProcessDispatcher
 from app.dispatch.redis_streams import RedisStreamsDispatcher
@@ -47,6 +48,7 @@ class Services:
     counters: QuotaCounters
     admission: Admission
     authenticator: Authenticator
+    writer: BatchWriter
     executor: Executor
     redis: Redis | None = None
     node: NodeAgent | None = None
@@ -71,6 +73,9 @@ async def open_services(
         if settings.run_migrations:
             await upgrade(engine)
         sessions = make_sessionmaker(engine)
+        writer = BatchWriter(sessions)
+        await writer.start()
+        stack.push_async_callback(writer.close)
 
         redis: Redis | None = None
         dispatcher: Dispatcher
@@ -112,8 +117,10 @@ async def open_services(
                 default_tenant=settings.default_tenant,
                 default_loopback_only=settings.default_tenant_loopback_only,
             ),
+            writer=writer,
             executor=Executor(
                 sessions=sessions,
+                writer=writer,
                 dispatcher=dispatcher,
                 admission=admission,
                 metrics=metrics,
@@ -131,7 +138,7 @@ async def open_services(
             await ensure_tenant(sessions, settings.default_tenant, settings)
         if with_node:
             services.node = await stack.enter_async_context(
-                running_node(settings, dispatcher, sessions, metrics)
+                running_node(settings, dispatcher, sessions, writer, metrics)
             )
         yield services
 
@@ -155,6 +162,7 @@ async def running_node(
     settings: Settings,
     dispatcher: Dispatcher,
     sessions: async_sessionmaker[Any],
+    writer: BatchWriter,
     metrics: Metrics,
 ) -> AsyncIterator[NodeAgent]:
     """A node agent with its runtimes started; closed (drained) on exit."""
@@ -167,6 +175,7 @@ async def running_node(
             settings,
             dispatcher,
             sessions,
+            writer,
             runtimes,
             on_result=lambda rt, status: metrics.node_executions.labels(rt, status).inc(),
         )

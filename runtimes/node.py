@@ -21,9 +21,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy.ext.asyncio import async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.db import invocations, nodes
+from app.db.models import utcnow
+from app.db.writer import BatchWriter
 from app.dispatch.base import Delivery, Dispatcher, NodeInfo
 from app.dispatch.messages import Completion, Job
 from runtimes.base import Runtime
@@ -47,6 +49,7 @@ class NodeAgent:
         settings: Settings,
         dispatcher: Dispatcher,
         sessions: async_sessionmaker[Any],
+        writer: BatchWriter,
         runtimes: dict[str, Runtime],
         *,
         on_result: ResultHook | None = None,
@@ -55,6 +58,7 @@ class NodeAgent:
         self._settings = settings
         self._dispatcher = dispatcher
         self._sessions = sessions
+        self._writer = writer
         self.runtimes = runtimes
         self._on_result = on_result
         self._slots = asyncio.Semaphore(settings.node_slots)
@@ -168,6 +172,7 @@ class NodeAgent:
 
     async def _execute(self, job: Job, attempt: int) -> Completion:
         inv = job.invocation_id
+        started_at = utcnow()
         queue_ms = max(0.0, (time.time() - job.enqueued_at) * 1000)
         if attempt > self._settings.max_attempts:
             reason = (
@@ -175,26 +180,45 @@ class NodeAgent:
                 "not run again"
             )
             log.error("invocation %s: %s", inv, reason)
-            await self._store(
-                lambda s: invocations.fail(s, invocation_id=inv, error=reason, node_id=self.node_id)
+            await self._writer.write(
+                lambda s: invocations.fail(
+                    s,
+                    invocation_id=inv,
+                    tenant_id=job.tenant_id,
+                    kind="run",
+                    error=reason,
+                    node_id=self.node_id,
+                )
             )
             return await self._final_status(job)
-        claimed = await self._store(
-            lambda s: invocations.mark_running(
-                s, invocation_id=inv, node_id=self.node_id, attempt=attempt
+
+        def running(s: AsyncSession) -> Awaitable[bool]:
+            return invocations.mark_running(
+                s, invocation_id=inv, node_id=self.node_id, attempt=attempt, started_at=started_at
             )
-        )
-        if not claimed:
+
+        if attempt == 1:
+            # A first delivery cannot find its row final: mark it running without waiting.
+            self._writer.post(running, what=f"invocation {inv} running")
+        elif not await self._writer.write(running):
             log.info("invocation %s: already final; acking delivery %d", inv, attempt)
             return await self._final_status(job)
-        if attempt > 1:
+        else:
             log.warning(
                 "invocation %s: running again on %s (attempt %d)", inv, self.node_id, attempt
             )
         result = await self._run(job)
-        status = await self._store(
+        status = await self._writer.write(
             lambda s: invocations.finish(
-                s, invocation_id=inv, node_id=self.node_id, attempt=attempt, result=result
+                s,
+                invocation_id=inv,
+                tenant_id=job.tenant_id,
+                kind="run",
+                node_id=self.node_id,
+                attempt=attempt,
+                result=result,
+                queue_ms=queue_ms,
+                started_at=started_at,
             )
         )
         if status is None:
@@ -222,10 +246,6 @@ class NodeAgent:
         except Exception as exc:
             log.exception("invocation %s: runtime %s raised", job.invocation_id, job.runtime)
             return RunResult(error=f"runtime {job.runtime} failed: {type(exc).__name__}")
-
-    async def _store[T](self, op: Callable[[Any], Awaitable[T]]) -> T:
-        async with self._sessions.begin() as session:
-            return await op(session)
 
     async def _final_status(self, job: Job) -> Completion:
         """The Completion for a row another attempt already finished (read it back)."""

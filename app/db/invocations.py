@@ -12,7 +12,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db import usage
@@ -49,32 +49,37 @@ async def create(
     language: str | None,
     request: dict[str, Any],
 ) -> Invocation:
+    """Insert a queued invocation; returns the row as inserted (not attached to a session)."""
     now = utcnow()
-    row = Invocation(
-        id=invocation_id,
-        tenant_id=tenant_id,
-        kind=kind,
-        runtime=runtime,
-        language=language,
-        status=Status.QUEUED,
-        request=request,
-        created_at=now,
-        queued_at=now,
-    )
-    session.add(row)
-    await session.flush()
-    return row
+    values: dict[str, Any] = {
+        "id": invocation_id,
+        "tenant_id": tenant_id,
+        "kind": kind,
+        "runtime": runtime,
+        "language": language,
+        "status": Status.QUEUED.value,
+        "request": request,
+        "created_at": now,
+        "queued_at": now,
+        "attempts": 0,
+        "stdout": "",
+        "stderr": "",
+        "stdout_truncated": False,
+        "stderr_truncated": False,
+    }
+    await session.execute(insert(Invocation).values(**values))
+    return Invocation(**values)
 
 
 async def mark_running(
-    session: AsyncSession, *, invocation_id: str, node_id: str, attempt: int
+    session: AsyncSession, *, invocation_id: str, node_id: str, attempt: int, started_at: datetime
 ) -> bool:
     """Claim the row for ``node_id``; False when it is already final."""
-    started = utcnow()
     result = await session.execute(
         update(Invocation)
         .where(Invocation.id == invocation_id, Invocation.status.in_(OPEN))
-        .values(status=Status.RUNNING, node_id=node_id, attempts=attempt, started_at=started)
+        .execution_options(synchronize_session=False)
+        .values(status=Status.RUNNING, node_id=node_id, attempts=attempt, started_at=started_at)
     )
     return bool(result.rowcount)  # type: ignore[attr-defined]
 
@@ -83,57 +88,88 @@ async def finish(
     session: AsyncSession,
     *,
     invocation_id: str,
+    tenant_id: str,
+    kind: str,
     node_id: str,
     attempt: int,
     result: RunResult,
+    queue_ms: float,
+    started_at: datetime,
 ) -> Status | None:
     """Store a node's result and account for it; None when the row was final already."""
-    row = await session.get(Invocation, invocation_id, with_for_update=True)
-    if row is None or row.status not in OPEN:
-        return None
     now = utcnow()
     status = status_of(result)
     run = result.run
     stored = result.model_dump(mode="json")
     if stored.get("run"):
         stored["run"]["stdout"] = stored["run"]["stderr"] = ""
-    row.status = status
-    row.error = result.error
-    row.node_id = node_id
-    row.attempts = attempt
-    row.exit_code = run.exit_code if run else (result.compile.exit_code if result.compile else None)
-    row.stdout = run.stdout if run else ""
-    row.stderr = run.stderr if run else ""
-    row.stdout_truncated = bool(run and run.stdout_truncated)
-    row.stderr_truncated = bool(run and run.stderr_truncated)
-    row.result = stored
-    row.started_at = row.started_at or now
-    row.finished_at = now
-    row.queue_ms = _ms_between(row.queued_at, row.started_at)
-    row.setup_ms = result.setup_ms
-    row.exec_ms = result.exec_ms
-    row.teardown_ms = result.teardown_ms
-    row.cpu_ms = result.cpu_ms
-    row.peak_memory_kb = result.peak_memory_kb
-    await session.flush()
-    await usage.record(session, row=row)
+    exit_code = run.exit_code if run else (result.compile.exit_code if result.compile else None)
+    costs = {
+        "queue_ms": queue_ms,
+        "setup_ms": result.setup_ms,
+        "exec_ms": result.exec_ms,
+        "teardown_ms": result.teardown_ms,
+        "cpu_ms": result.cpu_ms,
+    }
+    updated = await session.execute(
+        update(Invocation)
+        .where(Invocation.id == invocation_id, Invocation.status.in_(OPEN))
+        .execution_options(synchronize_session=False)
+        .values(
+            status=status,
+            error=result.error,
+            node_id=node_id,
+            attempts=attempt,
+            exit_code=exit_code,
+            stdout=run.stdout if run else "",
+            stderr=run.stderr if run else "",
+            stdout_truncated=bool(run and run.stdout_truncated),
+            stderr_truncated=bool(run and run.stderr_truncated),
+            result=stored,
+            started_at=started_at,
+            finished_at=now,
+            peak_memory_kb=result.peak_memory_kb,
+            **costs,
+        )
+    )
+    if not updated.rowcount:  # type: ignore[attr-defined]
+        return None
+    await usage.record(
+        session,
+        tenant_id=tenant_id,
+        kind=kind,
+        day=now.date(),
+        failed=status is not Status.SUCCEEDED,
+        costs=costs,
+    )
     return status
 
 
 async def fail(
-    session: AsyncSession, *, invocation_id: str, error: str, node_id: str | None = None
+    session: AsyncSession,
+    *,
+    invocation_id: str,
+    tenant_id: str,
+    kind: str,
+    error: str,
+    node_id: str | None = None,
 ) -> bool:
     """Mark an open invocation errored (lost node, refused by every node, ...)."""
-    row = await session.get(Invocation, invocation_id, with_for_update=True)
-    if row is None or row.status not in OPEN:
+    now = utcnow()
+    values: dict[str, Any] = {"status": Status.ERRORED, "error": error, "finished_at": now}
+    if node_id is not None:
+        values["node_id"] = node_id
+    updated = await session.execute(
+        update(Invocation)
+        .where(Invocation.id == invocation_id, Invocation.status.in_(OPEN))
+        .execution_options(synchronize_session=False)
+        .values(**values)
+    )
+    if not updated.rowcount:  # type: ignore[attr-defined]
         return False
-    row.status = Status.ERRORED
-    row.error = error
-    row.node_id = node_id or row.node_id
-    row.finished_at = utcnow()
-    row.queue_ms = _ms_between(row.queued_at, row.started_at or row.finished_at)
-    await session.flush()
-    await usage.record(session, row=row)
+    await usage.record(
+        session, tenant_id=tenant_id, kind=kind, day=now.date(), failed=True, costs={}
+    )
     return True
 
 
@@ -190,9 +226,3 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
     if not sep or not row_id or when is None or when.tzinfo is None:
         raise ValidationFailed("cursor is not one this API returned")
     return when, row_id
-
-
-def _ms_between(start: datetime | None, end: datetime | None) -> float | None:
-    if start is None or end is None:
-        return None
-    return max(0.0, (end - start).total_seconds() * 1000)

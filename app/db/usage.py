@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import date
 
 from sqlalchemy import func, select
@@ -9,20 +10,28 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.db.models import Invocation, UsageRollup, utcnow
+from app.db.models import UsageRollup
 
 _COST_FIELDS = ("queue_ms", "setup_ms", "exec_ms", "teardown_ms", "cpu_ms")
 
 
-async def record(session: AsyncSession, *, row: Invocation) -> None:
-    """Add one finished invocation to its tenant's rollup for today (an upsert)."""
+async def record(
+    session: AsyncSession,
+    *,
+    tenant_id: str,
+    kind: str,
+    day: date,
+    failed: bool,
+    costs: Mapping[str, float | None],
+) -> None:
+    """Add one finished invocation to its tenant's rollup for ``day`` (an upsert)."""
     values = {
-        "tenant_id": row.tenant_id,
-        "day": (row.finished_at or utcnow()).date(),
-        "kind": row.kind,
+        "tenant_id": tenant_id,
+        "day": day,
+        "kind": kind,
         "invocations": 1,
-        "failures": 0 if row.status == "succeeded" else 1,
-        **{f: float(getattr(row, f) or 0.0) for f in _COST_FIELDS},
+        "failures": 1 if failed else 0,
+        **{f: float(costs.get(f) or 0.0) for f in _COST_FIELDS},
     }
     dialect = session.get_bind().dialect.name
     insert = pg_insert if dialect == "postgresql" else sqlite_insert

@@ -21,7 +21,6 @@ from redis.asyncio import Redis
 from app.db import tenants, usage
 from app.db.engine import make_engine, make_sessionmaker
 from app.db.migrate import upgrade
-from app.db.models import Invocation
 from app.dispatch import keys
 from app.errors import ConcurrencyLimited, CpuQuotaExhausted, RateLimited
 from app.quotas.admission import LEASE_GRACE_S, Admission
@@ -503,20 +502,16 @@ async def test_cpu_budget_read_from_usage_rollups(tmp_path: Path) -> None:
         sessions = make_sessionmaker(engine)
         async with sessions.begin() as session:
             tenant, _key, _plain = await tenants.create_tenant(session, name="cpu", quota=QUOTA)
-            now = datetime.now(UTC)
+            today = datetime.now(UTC).date()
             for cpu_ms in (1500.0, 1000.0):
-                row = Invocation(
-                    id=f"inv_{cpu_ms:.0f}",
+                await usage.record(
+                    session,
                     tenant_id=tenant.id,
                     kind="run",
-                    status="succeeded",
-                    created_at=now,
-                    finished_at=now,
-                    cpu_ms=cpu_ms,
+                    day=today,
+                    failed=False,
+                    costs={"cpu_ms": cpu_ms},
                 )
-                session.add(row)
-                await session.flush()
-                await usage.record(session, row=row)
 
         cpu = CpuUsage(sessions, cache_seconds=0)
         assert await cpu.used_today(tenant.id) == pytest.approx(2.5)
