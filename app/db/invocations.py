@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import and_, insert, or_, select, update
+from sqlalchemy import Table, and_, bindparam, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db import usage
@@ -37,6 +37,16 @@ def status_of(result: RunResult) -> Status:
     if result.error is not None:
         return Status.ERRORED
     return Status.SUCCEEDED if result.succeeded else Status.FAILED
+
+
+# The hot path's statements, built once: Core on the table (not ORM-enabled DML, whose
+# per-call statement construction costs more than the database round trip), with bound
+# parameters for everything that varies.
+_T = cast(Table, Invocation.__table__)
+_INSERT = insert(_T)
+_OPEN_ROW = and_(_T.c.id == bindparam("b_id"), _T.c.status.in_([s.value for s in OPEN]))
+_RUNNING = update(_T).where(_OPEN_ROW)
+_FINISH = update(_T).where(_OPEN_ROW)
 
 
 async def create(
@@ -67,7 +77,8 @@ async def create(
         "stdout_truncated": False,
         "stderr_truncated": False,
     }
-    await session.execute(insert(Invocation).values(**values))
+    conn = await session.connection()
+    await conn.execute(_INSERT, values)
     return Invocation(**values)
 
 
@@ -75,13 +86,18 @@ async def mark_running(
     session: AsyncSession, *, invocation_id: str, node_id: str, attempt: int, started_at: datetime
 ) -> bool:
     """Claim the row for ``node_id``; False when it is already final."""
-    result = await session.execute(
-        update(Invocation)
-        .where(Invocation.id == invocation_id, Invocation.status.in_(OPEN))
-        .execution_options(synchronize_session=False)
-        .values(status=Status.RUNNING, node_id=node_id, attempts=attempt, started_at=started_at)
+    conn = await session.connection()
+    result = await conn.execute(
+        _RUNNING,
+        {
+            "b_id": invocation_id,
+            "status": Status.RUNNING.value,
+            "node_id": node_id,
+            "attempts": attempt,
+            "started_at": started_at,
+        },
     )
-    return bool(result.rowcount)  # type: ignore[attr-defined]
+    return bool(result.rowcount)
 
 
 async def finish(
@@ -111,28 +127,28 @@ async def finish(
         "teardown_ms": result.teardown_ms,
         "cpu_ms": result.cpu_ms,
     }
-    updated = await session.execute(
-        update(Invocation)
-        .where(Invocation.id == invocation_id, Invocation.status.in_(OPEN))
-        .execution_options(synchronize_session=False)
-        .values(
-            status=status,
-            error=result.error,
-            node_id=node_id,
-            attempts=attempt,
-            exit_code=exit_code,
-            stdout=run.stdout if run else "",
-            stderr=run.stderr if run else "",
-            stdout_truncated=bool(run and run.stdout_truncated),
-            stderr_truncated=bool(run and run.stderr_truncated),
-            result=stored,
-            started_at=started_at,
-            finished_at=now,
-            peak_memory_kb=result.peak_memory_kb,
+    conn = await session.connection()
+    updated = await conn.execute(
+        _FINISH,
+        {
+            "b_id": invocation_id,
+            "status": status.value,
+            "error": result.error,
+            "node_id": node_id,
+            "attempts": attempt,
+            "exit_code": exit_code,
+            "stdout": run.stdout if run else "",
+            "stderr": run.stderr if run else "",
+            "stdout_truncated": bool(run and run.stdout_truncated),
+            "stderr_truncated": bool(run and run.stderr_truncated),
+            "result": stored,
+            "started_at": started_at,
+            "finished_at": now,
+            "peak_memory_kb": result.peak_memory_kb,
             **costs,
-        )
+        },
     )
-    if not updated.rowcount:  # type: ignore[attr-defined]
+    if not updated.rowcount:
         return None
     await usage.record(
         session,

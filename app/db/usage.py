@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import date
+from typing import Any, cast
 
-from sqlalchemy import func, select
+from sqlalchemy import Table, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -13,6 +14,20 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app.db.models import UsageRollup
 
 _COST_FIELDS = ("queue_ms", "setup_ms", "exec_ms", "teardown_ms", "cpu_ms")
+
+
+def _upsert(insert: Any) -> Any:
+    """``INSERT .. ON CONFLICT (tenant, day, kind) DO UPDATE`` adding to the counters."""
+    stmt = insert(_TABLE)
+    return stmt.on_conflict_do_update(
+        index_elements=["tenant_id", "day", "kind"],
+        set_={name: _TABLE.c[name] + stmt.excluded[name] for name in _COUNTERS},
+    )
+
+
+_TABLE = cast(Table, UsageRollup.__table__)
+_COUNTERS = ("invocations", "failures", *_COST_FIELDS)
+_UPSERT = {"postgresql": _upsert(pg_insert), "sqlite": _upsert(sqlite_insert)}
 
 
 async def record(
@@ -25,23 +40,17 @@ async def record(
     costs: Mapping[str, float | None],
 ) -> None:
     """Add one finished invocation to its tenant's rollup for ``day`` (an upsert)."""
-    values = {
-        "tenant_id": tenant_id,
-        "day": day,
-        "kind": kind,
-        "invocations": 1,
-        "failures": 1 if failed else 0,
-        **{f: float(costs.get(f) or 0.0) for f in _COST_FIELDS},
-    }
-    dialect = session.get_bind().dialect.name
-    insert = pg_insert if dialect == "postgresql" else sqlite_insert
-    stmt = insert(UsageRollup).values(**values)
-    increments = {
-        name: getattr(UsageRollup, name) + getattr(stmt.excluded, name)
-        for name in ("invocations", "failures", *_COST_FIELDS)
-    }
-    await session.execute(
-        stmt.on_conflict_do_update(index_elements=["tenant_id", "day", "kind"], set_=increments)
+    conn = await session.connection()
+    await conn.execute(
+        _UPSERT[conn.dialect.name],
+        {
+            "tenant_id": tenant_id,
+            "day": day,
+            "kind": kind,
+            "invocations": 1,
+            "failures": 1 if failed else 0,
+            **{f: float(costs.get(f) or 0.0) for f in _COST_FIELDS},
+        },
     )
 
 
