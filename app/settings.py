@@ -78,7 +78,7 @@ class Settings(BaseSettings):
     node_id: str | None = Field(None, description="Default: hostname-pid.")
     node_slots: int = Field(8, ge=1, description="Executions a node runs at once.")
     runtimes: list[str] = Field(
-        default_factory=lambda: ["nsjail"], description="Backends this node starts."
+        default_factory=lambda: ["nsjail", "wasm"], description="Backends this node starts."
     )
     heartbeat_seconds: float = Field(2.0, gt=0)
     node_dead_after_seconds: float = Field(
@@ -92,6 +92,11 @@ class Settings(BaseSettings):
     )
 
     quota: QuotaDefaults = Field(default_factory=QuotaDefaults)
+    wasm: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Overrides for the wasm backend (runtimes/wasm/config.py), as JSON: "
+        "e.g. CORRAL_WASM='{\"warm_per_language\": 2}'.",
+    )
     nsjail: dict[str, Any] = Field(
         default_factory=dict,
         description="Overrides for the nsjail backend (runtimes/nsjail/config.py), as JSON: "

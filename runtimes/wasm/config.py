@@ -1,0 +1,126 @@
+"""Tunables of the WebAssembly backend, with production defaults.
+
+``WasmConfig.from_settings`` derives defaults from the node's settings (``data_dir``,
+``node_slots``, ``dev_mode``) and validates ``settings.wasm`` (``CORRAL_WASM``, JSON) on top.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from app.settings import Settings
+
+MIB = 1024 * 1024
+
+
+class WasmConfig(BaseModel):
+    """Everything the wasm backend can be told. Sizes are MiB unless named *_bytes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    data_dir: Path = Field(Path("var"), description="Root of the cache and run dirs")
+    cache_dir: Path | None = Field(
+        None, description="Compiled-module cache; default: data_dir/wasm/cache"
+    )
+    run_dir: Path | None = Field(
+        None,
+        description="Per-instance host dirs (stdin pipe, work dir); default: data_dir/wasm/run",
+    )
+    interpreters_dir: Path | None = Field(
+        None,
+        description="Interpreters fetched by scripts/setup-wasm.sh (QuickJS); "
+        "default: data_dir/wasm/interpreters",
+    )
+    languages: list[str] | None = Field(
+        None, description="Languages to offer; default: every one whose interpreter is present"
+    )
+    strict_interpreters: bool = Field(
+        True,
+        description="start() fails when an offered interpreter is corrupt (SHA-256 mismatch) "
+        "or cannot be loaded; off (dev mode): the language is dropped with a warning",
+    )
+
+    # --- pool --------------------------------------------------------------------------
+    warm_per_language: int = Field(
+        2, ge=0, description="Pre-started interpreter instances kept ready per language"
+    )
+    start_concurrency: int = Field(1, ge=1, description="Instances warmed at once per language")
+    refill_delay_ms: float = Field(
+        25.0,
+        ge=0,
+        description="How long the replacement of a handed-out instance waits for its call to "
+        "end before warming anyway (warming competes with short calls for the cores)",
+    )
+    warmup_timeout_s: float = Field(30.0, gt=0, description="Time an instance has to get ready")
+    warmup_memory_mb: int = Field(256, ge=16, description="Memory cap while an instance warms up")
+    python_preload: tuple[str, ...] = Field(
+        (),
+        description="Modules a warm Python instance imports before it waits for its program: "
+        "faster calls that use them, but every call pays their import in warm-up CPU",
+    )
+    host_grace_s: float = Field(
+        2.0, gt=0, description="Host backstop beyond the epoch deadline before a call is abandoned"
+    )
+    close_timeout_s: float = Field(10.0, gt=0, description="Wait for instance threads in close()")
+
+    # --- engine ------------------------------------------------------------------------
+    epoch_tick_ms: float = Field(10.0, gt=0, le=1000, description="Epoch ticker period")
+    fuel_per_call: int | None = Field(
+        None, ge=1, description="Fuel budget per call (deterministic CPU cap); None: fuel off"
+    )
+    opt_level: Literal["none", "speed", "speed_and_size"] = "speed"
+    max_wasm_stack_bytes: int = Field(
+        2 * MIB, ge=64 * 1024, description="Wasm stack; overflow traps (KILLED)"
+    )
+    parallel_compilation: bool = Field(True, description="Compile functions on several threads")
+
+    # --- limits ------------------------------------------------------------------------
+    max_table_elements: int = Field(200_000, ge=1000)
+    max_instances: int = Field(1, ge=1, description="Wasm instances per store")
+    max_tables: int = Field(4, ge=1)
+    max_memories: int = Field(
+        1, ge=1, description="Linear memories per store (limit is per memory)"
+    )
+    max_input_bytes: int = Field(32 * MIB, ge=1024, description="Decoded spec.files + code + stdin")
+    max_module_bytes: int = Field(16 * MIB, ge=1024, description="Size of a raw module.wasm")
+    max_fetch_bytes: int = Field(16 * MIB, ge=0, description="Total size of fetched files")
+    writable_workdir: bool = Field(
+        False,
+        description="Let code write to /work (WASI has no disk quota; off: the work dir is "
+        "read-only and fetch_files can only return input files)",
+    )
+
+    # --- cache -------------------------------------------------------------------------
+    cache_max_bytes: int = Field(
+        2048 * MIB, ge=64 * MIB, description="Disk bound of the .cwasm cache (LRU eviction)"
+    )
+    module_memory_slots: int = Field(
+        32, ge=1, description="Compiled raw modules kept in memory (LRU)"
+    )
+
+    @property
+    def resolved_cache_dir(self) -> Path:
+        return self.cache_dir or self.data_dir / "wasm" / "cache"
+
+    @property
+    def resolved_run_dir(self) -> Path:
+        return self.run_dir or self.data_dir / "wasm" / "run"
+
+    @property
+    def resolved_interpreters_dir(self) -> Path:
+        return self.interpreters_dir or self.data_dir / "wasm" / "interpreters"
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> WasmConfig:
+        """Defaults scaled to the node, overlaid with ``settings.wasm`` when present."""
+        derived: dict[str, Any] = {
+            "data_dir": settings.data_dir,
+            "strict_interpreters": not settings.dev_mode,
+            # a warm instance per slot up to 4: CPython-wasm holds ~10 MiB while it waits
+            "warm_per_language": max(1, min(settings.node_slots, 4)),
+        }
+        return cls.model_validate(derived | settings.wasm)

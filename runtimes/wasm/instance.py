@@ -1,0 +1,327 @@
+"""One instance of a module: its Store, its WASI context and the thread running ``_start``.
+
+An instance serves exactly one call and is then disposed of, so calls never share memory,
+globals, files or descriptors. Its life:
+
+1. ``Instance(...)`` builds the Store (limits, epoch deadline, fuel) and the WASI context:
+   argv, an empty environment, stdin (a FIFO for warm instances, a file for fresh ones),
+   bounded stdout/stderr captures, and the instance's own work dir preopened as ``/work``
+   and ``.``. Nothing else of the host is visible.
+2. ``start()`` runs ``_start`` in a daemon thread (wasm runs with the GIL released).
+   A warm instance's bootstrap writes the ready marker and blocks reading stdin.
+3. ``arm(limits)`` sets the call's memory cap, fuel and epoch deadline. For a warm
+   instance this happens while its thread is parked in that blocking read (a host call,
+   so no wasm runs and nothing else touches those Store fields); the pipe write that
+   wakes it comes after.
+4. The guest ends with an exit code, a trap or an error, recorded as an ``Outcome``.
+   After ``dispose()`` the same thread closes the Store and deletes the host dir, so that
+   cost is not on the caller's path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from wasmtime import ExitTrap, Func, Memory, Store, Trap, TrapCode, WasiConfig, WasmtimeError
+
+from runtimes.wasm import hostcalls
+from runtimes.wasm.engine import WasmEngine
+from runtimes.wasm.modules import LoadedModule
+from runtimes.wasm.output import OutputCapture
+from runtimes.wasm.stdin import PipeFeeder, open_fifo
+from runtimes.wasm.workdir import HostDir
+
+log = logging.getLogger(__name__)
+
+_ids = itertools.count(1)
+
+#: Fuel while a warm instance starts up (its epoch deadline bounds it anyway).
+WARMUP_FUEL = 1 << 50
+
+
+@dataclass(frozen=True)
+class StoreCaps:
+    """Store limits that do not change per call."""
+
+    table_elements: int
+    instances: int
+    tables: int
+    memories: int
+
+
+@dataclass(frozen=True)
+class CallLimits:
+    memory_bytes: int
+    timeout_s: float
+    max_output: int
+    fuel: int | None = None
+
+
+@dataclass
+class Outcome:
+    """How the guest's thread ended."""
+
+    exit_code: int | None = None
+    trap_code: TrapCode | None = None
+    trap: str | None = None  #: short trap or runtime error text
+    error: str | None = None  #: could not be instantiated
+    memory_bytes: int | None = None  #: final (= peak) size of the exported memory
+    cpu_ms: float | None = None
+    cancelled: bool = False  #: aborted by the host (close)
+
+
+def trap_summary(exc: BaseException) -> str:
+    """The cause of a wasmtime error without its wasm backtrace."""
+    text = str(exc)
+    if "Caused by:" in text:
+        text = text.rsplit("Caused by:", 1)[1]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return " ".join(lines)[:500] or type(exc).__name__
+
+
+class Instance:
+    def __init__(
+        self,
+        engine: WasmEngine,
+        module: LoadedModule,
+        *,
+        argv: list[str],
+        host_dir: HostDir,
+        caps: StoreCaps,
+        limits: CallLimits,
+        writable_workdir: bool,
+        ready_marker: bytes | None = None,
+        stdin_data: bytes | None = None,
+        on_dispose: Callable[[Instance], None] | None = None,
+    ) -> None:
+        """A warm instance has a ``ready_marker`` (stdin is a FIFO); a fresh one gets
+        ``stdin_data`` (written to a file) and is armed with ``limits`` from the start."""
+        self.id = f"{module.name}-{next(_ids)}"
+        self.engine = engine
+        self.module = module
+        self.host_dir = host_dir
+        self._caps = caps
+        self.clock = hostcalls.GuestClock(tick_s=engine.tick_s, epoch=lambda: engine.epoch)
+        self.ready = threading.Event()
+        self.done = threading.Event()
+        self.outcome: concurrent.futures.Future[Outcome] = concurrent.futures.Future()
+        self._ready_callbacks: list[Callable[[Instance], None]] = []
+        self._done_callbacks: list[Callable[[Instance], None]] = []
+        self._cb_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._cpu_base: float | None = None
+        self._disposed = False
+        self._released = threading.Event()
+        self._on_dispose = on_dispose
+        self.armed_limits: CallLimits | None = None
+
+        self.stdout = OutputCapture()
+        self.stderr = OutputCapture(marker=ready_marker, on_marker=self._on_ready)
+        self.feeder: PipeFeeder | None = None
+        if ready_marker is not None:
+            self.feeder = PipeFeeder(open_fifo(host_dir.stdin))
+        else:
+            host_dir.stdin.write_bytes(stdin_data or b"")
+        self.store = Store(engine.engine)
+        try:
+            self.store.set_wasi(self._wasi_config(argv, writable_workdir))
+            if ready_marker is None:
+                self.arm(limits)
+            else:
+                self._apply(limits, fuel=WARMUP_FUEL if engine.fuel_per_call else None)
+        except BaseException:
+            if self.feeder is not None:
+                self.feeder.close()
+            self.store.close()
+            raise
+
+    def _wasi_config(self, argv: list[str], writable_workdir: bool) -> WasiConfig:
+        """argv, no environment, our stdin/stdout/stderr, and only the work dir."""
+        wasi = WasiConfig()
+        wasi.argv = argv
+        wasi.env = []
+        wasi.stdin_file = str(self.host_dir.stdin)
+        wasi.stdout_custom = self.stdout
+        wasi.stderr_custom = self.stderr
+        work = str(self.host_dir.work)
+        wasi.preopen_dir(work, "/work", writable_workdir)
+        wasi.preopen_dir(work, ".", writable_workdir)
+        return wasi
+
+    # --- callbacks ----------------------------------------------------------------------
+    def on_ready(self, callback: Callable[[Instance], None]) -> None:
+        self._add(self._ready_callbacks, self.ready, callback)
+
+    def on_done(self, callback: Callable[[Instance], None]) -> None:
+        self._add(self._done_callbacks, self.done, callback)
+
+    def _add(
+        self,
+        callbacks: list[Callable[[Instance], None]],
+        event: threading.Event,
+        cb: Callable[[Instance], None],
+    ) -> None:
+        with self._cb_lock:
+            if not event.is_set():
+                callbacks.append(cb)
+                return
+        cb(self)
+
+    def _fire(self, callbacks: list[Callable[[Instance], None]], event: threading.Event) -> None:
+        with self._cb_lock:
+            event.set()
+            pending = list(callbacks)
+            callbacks.clear()
+        for cb in pending:
+            try:
+                cb(self)
+            except Exception:
+                log.exception("wasm instance %s: callback failed", self.id)
+
+    def _on_ready(self) -> None:
+        self._fire(self._ready_callbacks, self.ready)
+
+    # --- limits -------------------------------------------------------------------------
+    def _apply(self, limits: CallLimits, *, fuel: int | None) -> None:
+        caps = self._caps
+        self.store.set_limits(
+            memory_size=limits.memory_bytes,
+            table_elements=caps.table_elements,
+            instances=caps.instances,
+            tables=caps.tables,
+            memories=caps.memories,
+        )
+        if fuel is not None:
+            self.store.set_fuel(fuel)
+        ticks = self.engine.ticks_for(limits.timeout_s)
+        self.clock.deadline = time.monotonic() + limits.timeout_s
+        self.clock.deadline_epoch = self.engine.epoch + ticks
+        self.store.set_epoch_deadline(ticks)
+
+    def arm(self, limits: CallLimits) -> None:
+        """Give the instance its call's limits and start keeping its output."""
+        self.armed_limits = limits
+        thread = self._thread
+        if thread is not None and thread.ident is not None and not self.done.is_set():
+            try:
+                self._cpu_base = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+            except OSError:
+                self._cpu_base = None
+        self.stdout.arm(limits.max_output)
+        self.stderr.arm(limits.max_output)
+        self._apply(limits, fuel=limits.fuel)
+
+    def feed(self, payload: bytes, loop: asyncio.AbstractEventLoop) -> None:
+        """Send the call's frame to a warm instance (from the event loop thread)."""
+        if self.feeder is None:
+            raise RuntimeError(f"instance {self.id} has no stdin pipe")
+        self.feeder.feed(payload, loop)
+
+    # --- the guest thread ---------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._main, name=f"wasm-{self.id}", daemon=True)
+        self._thread.start()
+
+    def _main(self) -> None:
+        try:
+            self._run_guest()
+        finally:
+            # Cleaning up (unmapping memory, deleting files) is left to this thread, off the
+            # caller's path: it waits until the caller has read what it needs.
+            self._released.wait()
+            self._cleanup()
+
+    def _run_guest(self) -> None:
+        hostcalls.bind(self.clock)
+        start_cpu = time.thread_time()
+        outcome = Outcome()
+        instance = None
+        try:
+            instance = self.module.pre.instantiate(self.store)
+            entry = instance.exports(self.store)["_start"]
+            if not isinstance(entry, Func):
+                raise WasmtimeError("_start is not a function")
+            entry(self.store)
+            outcome.exit_code = 0
+        except ExitTrap as exc:
+            outcome.exit_code = exc.code
+        except Trap as exc:
+            outcome.trap_code = exc.trap_code
+            outcome.trap = trap_summary(exc)
+        except WasmtimeError as exc:
+            if instance is None:
+                outcome.error = trap_summary(exc)
+            else:
+                outcome.trap = trap_summary(exc)
+        except Exception as exc:  # a wasmtime-py failure, not the guest's
+            log.exception("wasm instance %s: unexpected error", self.id)
+            outcome.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            hostcalls.unbind()
+            base = self._cpu_base if self._cpu_base is not None else start_cpu
+            outcome.cpu_ms = max(0.0, (time.thread_time() - base) * 1000)
+            outcome.cancelled = self.clock.cancel.is_set()
+            if instance is not None:
+                try:
+                    memory = instance.exports(self.store).get("memory")
+                    if isinstance(memory, Memory):
+                        outcome.memory_bytes = memory.data_len(self.store)
+                except Exception:
+                    pass
+            self.outcome.set_result(outcome)
+            self._fire(self._done_callbacks, self.done)
+
+    # --- ending -------------------------------------------------------------------------
+    def abort(self) -> None:
+        """Ask the guest to stop: wake its sleeps, end its stdin. The caller interrupts
+        running wasm with ``WasmEngine.interrupt_all``. Safe from any thread."""
+        self.clock.cancel.set()
+        self.clock.deadline = 0.0
+        if self.feeder is not None:
+            self.feeder.close()
+
+    def join(self, timeout: float | None = None) -> bool:
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+            return not thread.is_alive()
+        return True
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    def dispose(self) -> None:
+        """Release the instance: once its guest has ended, its own thread closes the Store
+        and deletes the host dir (done here if it never started). Stops feeding stdin at
+        once, so call it from the event loop thread of a call. Idempotent, non-blocking."""
+        if self.feeder is not None:
+            self.feeder.close()
+        if self.started:
+            self._released.set()
+        else:
+            self._cleanup()
+
+    def _cleanup(self) -> None:
+        with self._cb_lock:
+            if self._disposed:
+                return
+            self._disposed = True
+        if self.feeder is not None:
+            self.feeder.close()
+        self.store.close()
+        self.host_dir.remove()
+        if self._on_dispose is not None:
+            self._on_dispose(self)
+
+    @property
+    def work_dir(self) -> Path:
+        return self.host_dir.work

@@ -1,0 +1,190 @@
+"""Start, cache, stats, close and registration of the wasm runtime."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.settings import Settings
+from runtimes import registry
+from runtimes.models import RunSpec, StageStatus
+from runtimes.wasm import WasmConfig, WasmRuntime
+from runtimes.wasm.languages import PYTHON_WASM_SHA256
+from runtimes.wasm.modules import LoadedModule
+
+RunFn = Callable[..., Any]
+
+pytestmark = pytest.mark.asyncio(loop_scope="function")
+
+
+def wasm_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("wasm")]
+
+
+async def test_languages_are_prefixed(new_runtime: Callable[..., WasmRuntime]) -> None:
+    rt = new_runtime()
+    names = {lang.name for lang in rt.languages()}
+    assert {"wasm-python", "wasm"} <= names
+    assert all(lang.runtime == "wasm" for lang in rt.languages())
+    assert not names & {"python", "javascript"}
+    await rt.close()  # never started: close is still safe
+
+
+async def test_second_start_loads_from_the_cache(
+    new_runtime: Callable[..., WasmRuntime],
+    wasm_data_dir: Path,
+    compiled: dict[str, LoadedModule],
+) -> None:
+    compile_ms = compiled["wasm-python"].load_ms
+    assert not compiled["wasm-python"].cached  # the session's cache started empty
+    rt = new_runtime(languages=["wasm-python"], warm_per_language=0)
+    started = time.perf_counter()
+    await rt.start()
+    start_ms = (time.perf_counter() - started) * 1000
+    fingerprint = rt.engine_fingerprint
+    loaded = rt.interpreters["wasm-python"]
+    await rt.close()
+    assert fingerprint is not None
+    cache_file = wasm_data_dir / "wasm" / "cache" / fingerprint / f"{PYTHON_WASM_SHA256}.cwasm"
+    assert cache_file.is_file()
+    assert loaded.cached
+    assert start_ms < compile_ms / 3  # relative, not absolute: mapping a .cwasm vs compiling
+
+
+async def test_cache_entry_of_another_engine_config_is_separate(
+    new_runtime: Callable[..., WasmRuntime],
+) -> None:
+    plain = new_runtime(languages=[], warm_per_language=0)
+    fueled = new_runtime(languages=[], warm_per_language=0, fuel_per_call=10**9)
+    await plain.start()
+    await fueled.start()
+    try:
+        assert plain.engine_fingerprint and fueled.engine_fingerprint
+        assert plain.engine_fingerprint != fueled.engine_fingerprint
+    finally:
+        await plain.close()
+        await fueled.close()
+
+
+async def test_fuel_budget_stops_a_spin(
+    new_runtime: Callable[..., WasmRuntime], run_module: RunFn
+) -> None:
+    from wasmtime import wat2wasm
+
+    rt = new_runtime(languages=["wasm"], fuel_per_call=5_000_000)
+    await rt.start()
+    try:
+        spin = bytes(wat2wasm('(module (func (export "_start") (loop (br 0))))'))
+        result = await run_module(rt, spin, run_timeout_s=10.0)
+        assert result.run is not None and result.run.status is StageStatus.TIME_LIMIT
+        assert result.run.message and "fuel" in result.run.message
+        assert result.run.wall_ms < 5000
+    finally:
+        await rt.close()
+
+
+async def test_stats_close_and_no_threads_left(
+    new_runtime: Callable[..., WasmRuntime], run: RunFn
+) -> None:
+    before = set(wasm_threads())
+    rt = new_runtime(languages=["wasm-python", "wasm"], warm_per_language=2)
+    await rt.start()
+    assert rt.stats() == {"warm": 2, "busy": 0, "starting": 0}
+    assert wasm_threads()
+    # a call that would run for a minute is busy while the runtime closes
+    busy = asyncio.create_task(run(rt, "while True:\n    pass", run_timeout_s=60.0))
+    for _ in range(500):
+        if rt.stats()["busy"]:
+            break
+        await asyncio.sleep(0.01)
+    assert rt.stats()["busy"] == 1
+    started = time.perf_counter()
+    await rt.close()
+    assert time.perf_counter() - started < 10
+    result = await busy
+    assert result.run is not None and result.run.status is StageStatus.KILLED
+    assert set(wasm_threads()) <= before, wasm_threads()
+    await rt.close()  # idempotent
+    after = await run(rt, "print(1)")
+    assert after.error and "not running" in after.error
+
+
+async def test_unknown_language_is_a_platform_error(
+    new_runtime: Callable[..., WasmRuntime],
+) -> None:
+    rt = new_runtime(languages=["wasm"], warm_per_language=0)
+    await rt.start()
+    try:
+        result = await rt.run(
+            RunSpec(language="cobol", code="x"), tenant_id="t", invocation_id="inv-1"
+        )
+        assert result.error and "cobol" in result.error
+    finally:
+        await rt.close()
+
+
+async def test_cold_start_when_the_pool_is_empty(
+    new_runtime: Callable[..., WasmRuntime], run: RunFn
+) -> None:
+    rt = new_runtime(languages=["wasm-python"], warm_per_language=0)
+    await rt.start()
+    try:
+        assert rt.stats()["warm"] == 0
+        result = await run(rt, "print('cold')")
+        assert result.run is not None and result.run.stdout == "cold\n"
+        assert result.setup_ms > result.exec_ms  # it paid for the interpreter start-up
+    finally:
+        await rt.close()
+
+
+async def test_corrupt_interpreter_fails_start_when_strict(
+    new_runtime: Callable[..., WasmRuntime], tmp_path: Path
+) -> None:
+    from runtimes.wasm.languages import QUICKJS_FILE
+    from runtimes.wasm.modules import InterpreterError
+
+    (tmp_path / QUICKJS_FILE).write_bytes(b"\0asm\x01\0\0\0tampered")
+    strict = new_runtime(languages=["wasm-javascript"], interpreters_dir=tmp_path)
+    with pytest.raises(InterpreterError, match="SHA-256"):
+        await strict.start()
+    await strict.close()
+    lenient = new_runtime(
+        languages=["wasm-javascript", "wasm"], interpreters_dir=tmp_path, strict_interpreters=False
+    )
+    await lenient.start()
+    try:
+        assert [lang.name for lang in lenient.languages()] == ["wasm"]
+    finally:
+        await lenient.close()
+
+
+async def test_registered_and_built_from_settings(wasm_data_dir: Path) -> None:
+    assert "wasm" in registry.names()
+    settings = Settings(dev_mode=True, data_dir=wasm_data_dir, node_slots=3)
+    rt = registry.create("wasm", settings)
+    assert isinstance(rt, WasmRuntime)
+    assert rt.config.data_dir == wasm_data_dir
+    assert rt.config.warm_per_language == 3
+    assert not rt.config.strict_interpreters
+    assert WasmConfig.from_settings(Settings(dev_mode=True, node_slots=64)).warm_per_language == 4
+    await rt.close()
+
+
+async def test_python_preload(new_runtime: Callable[..., WasmRuntime], run: RunFn) -> None:
+    rt = new_runtime(languages=["wasm-python"], warm_per_language=1, python_preload=("json",))
+    await rt.start()
+    try:
+        result = await run(rt, "import sys\nprint('json' in sys.modules)")
+        assert result.run is not None and result.run.stdout == "True\n"
+    finally:
+        await rt.close()
+    from runtimes.wasm.bootstrap import python_bootstrap
+
+    with pytest.raises(ValueError, match="module name"):
+        python_bootstrap(("os; import evil",))

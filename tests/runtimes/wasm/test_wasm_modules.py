@@ -1,0 +1,193 @@
+"""Raw WASI command modules (language ``wasm``): C compiled by clang, and hand-written WAT."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from wasmtime import wat2wasm
+
+from runtimes.models import StageStatus
+from runtimes.wasm import WasmRuntime
+
+RunModule = Callable[..., Any]
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+C_HELLO = r"""
+#include <stdio.h>
+#include <string.h>
+int main(int argc, char **argv) {
+    char in[256];
+    size_t n = fread(in, 1, sizeof in - 1, stdin);
+    in[n] = 0;
+    char data[64] = "none";
+    FILE *f = fopen("data.txt", "r");
+    if (f) { fgets(data, sizeof data, f); fclose(f); }
+    printf("argc=%d argv0=%s stdin=%s data=%s\n", argc, argv[0], in, data);
+    fprintf(stderr, "to stderr\n");
+    return 0;
+}
+"""
+
+C_MALLOC_FOREVER = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+char *volatile sink;  /* keeps clang from eliding the allocations */
+int main(void) {
+    size_t total = 0;
+    for (;;) {
+        char *p = malloc(1 << 20);
+        if (!p) { fprintf(stderr, "malloc failed after %zu MiB\n", total >> 20); return 2; }
+        memset(p, 1, 1 << 20);
+        sink = p;
+        total += 1 << 20;
+    }
+}
+"""
+
+C_SPIN = r"""
+int main(void) { volatile unsigned long i = 0; for (;;) i++; }
+"""
+
+WASI_EXIT = '(import "wasi_snapshot_preview1" "proc_exit" (func $exit (param i32)))'
+
+
+def wat(body: str) -> bytes:
+    return bytes(wat2wasm(f"(module {body})"))
+
+
+async def test_c_hello(
+    runtime: WasmRuntime, run_module: RunModule, compile_c: Callable[[str], bytes]
+) -> None:
+    module = compile_c(C_HELLO)
+    result = await run_module(runtime, module, stdin="ping", files={"data.txt": b"pong"})
+    assert result.error is None
+    assert result.run is not None and result.run.ok, result.run
+    assert result.run.stdout == "argc=1 argv0=module.wasm stdin=ping data=pong\n"
+    assert result.run.stderr == "to stderr\n"
+    assert result.setup_ms > 0 and result.exec_ms > 0
+
+
+async def test_module_is_cached_in_memory_and_reused(
+    runtime: WasmRuntime, run_module: RunModule, compile_c: Callable[[str], bytes]
+) -> None:
+    module = compile_c(C_HELLO)
+    first = await run_module(runtime, module, stdin="a")
+    second = await run_module(runtime, module, stdin="b")
+    assert first.run is not None and second.run is not None
+    assert second.run.stdout.startswith("argc=1 argv0=module.wasm stdin=b ")
+
+
+async def test_proc_exit_code(runtime: WasmRuntime, run_module: RunModule) -> None:
+    module = wat(
+        f'{WASI_EXIT} (memory (export "memory") 1)'
+        '(func (export "_start") (call $exit (i32.const 5)))'
+    )
+    result = await run_module(runtime, module)
+    assert result.run is not None
+    assert result.run.status is StageStatus.FINISHED and result.run.exit_code == 5
+
+
+async def test_return_from_start_is_exit_0(runtime: WasmRuntime, run_module: RunModule) -> None:
+    result = await run_module(runtime, wat('(func (export "_start"))'))
+    assert result.run is not None and result.run.ok, result.run
+
+
+async def test_invalid_wasm_is_an_error_stage(runtime: WasmRuntime, run_module: RunModule) -> None:
+    for data in (b"\0asm\x01\0\0\0garbage", b"definitely not wasm"):
+        result = await run_module(runtime, data)
+        assert result.error is None  # the caller's fault, not the platform's
+        assert result.run is not None and result.run.status is StageStatus.ERROR
+        assert result.run.message and "not a" in result.run.message, result.run.message
+
+
+async def test_missing_module_file_is_an_error_stage(runtime: WasmRuntime, run: Any) -> None:
+    result = await run(runtime, "", language="wasm")
+    assert result.run is not None and result.run.status is StageStatus.ERROR
+    assert result.run.message and "module.wasm" in result.run.message
+
+
+async def test_unoffered_import_is_an_error_stage(
+    runtime: WasmRuntime, run_module: RunModule
+) -> None:
+    module = wat('(import "env" "foo" (func $foo)) (func (export "_start") (call $foo))')
+    result = await run_module(runtime, module)
+    assert result.error is None
+    assert result.run is not None and result.run.status is StageStatus.ERROR
+    assert result.run.message and "env::foo" in result.run.message
+
+
+async def test_reactor_without_start_is_an_error_stage(
+    runtime: WasmRuntime, run_module: RunModule
+) -> None:
+    module = wat(
+        '(func (export "add") (param i32 i32) (result i32) local.get 0 local.get 1 i32.add)'
+    )
+    result = await run_module(runtime, module)
+    assert result.run is not None and result.run.status is StageStatus.ERROR
+    assert result.run.message and "_start" in result.run.message
+
+
+async def test_unreachable_is_killed_with_the_trap(
+    runtime: WasmRuntime, run_module: RunModule
+) -> None:
+    result = await run_module(runtime, wat('(func (export "_start") unreachable)'))
+    assert result.run is not None and result.run.status is StageStatus.KILLED
+    assert result.run.message and "unreachable" in result.run.message
+
+
+async def test_out_of_bounds_is_killed(runtime: WasmRuntime, run_module: RunModule) -> None:
+    module = wat('(memory 1) (func (export "_start") (drop (i32.load (i32.const 0x7ffffff0))))')
+    result = await run_module(runtime, module)
+    assert result.run is not None and result.run.status is StageStatus.KILLED
+    assert result.run.message and "out of bounds" in result.run.message
+
+
+async def test_loop_forever_hits_time_limit(runtime: WasmRuntime, run_module: RunModule) -> None:
+    spin = wat('(func (export "_start") (loop (br 0)))')
+    result = await run_module(runtime, spin, run_timeout_s=1.0)
+    assert result.run is not None and result.run.status is StageStatus.TIME_LIMIT, result.run
+    assert 0.9 * 1000 <= result.run.wall_ms <= 3 * 1000
+
+
+async def test_c_spin_hits_time_limit(
+    runtime: WasmRuntime, run_module: RunModule, compile_c: Callable[[str], bytes]
+) -> None:
+    result = await run_module(runtime, compile_c(C_SPIN), run_timeout_s=0.5)
+    assert result.run is not None and result.run.status is StageStatus.TIME_LIMIT, result.run
+    assert 0.4 * 1000 <= result.run.wall_ms <= 3 * 1000
+
+
+async def test_memory_growth_stops_at_the_limit(
+    runtime: WasmRuntime, run_module: RunModule, compile_c: Callable[[str], bytes]
+) -> None:
+    result = await run_module(runtime, compile_c(C_MALLOC_FOREVER), memory_mb=32)
+    assert result.run is not None
+    assert result.run.status is StageStatus.MEMORY_LIMIT, result.run
+    assert "malloc failed" in result.run.stderr
+    assert result.run.peak_memory_kb is not None and result.run.peak_memory_kb <= 32 * 1024
+
+
+async def test_memory_grow_ignoring_failure_traps_as_memory_limit(
+    runtime: WasmRuntime, run_module: RunModule
+) -> None:
+    module = wat(
+        '(memory (export "memory") 1)'
+        '(func (export "_start")'
+        "  (loop (br_if 0 (i32.ne (memory.grow (i32.const 16)) (i32.const -1))))"
+        "  unreachable)"
+    )
+    result = await run_module(runtime, module, memory_mb=16)
+    assert result.run is not None
+    assert result.run.status is StageStatus.MEMORY_LIMIT, result.run
+    assert result.run.peak_memory_kb is not None and result.run.peak_memory_kb <= 16 * 1024
+
+
+async def test_declared_memory_over_the_limit(runtime: WasmRuntime, run_module: RunModule) -> None:
+    module = wat('(memory (export "memory") 4000) (func (export "_start"))')  # 250 MiB
+    result = await run_module(runtime, module, memory_mb=64)
+    assert result.error is None
+    assert result.run is not None and result.run.status is StageStatus.MEMORY_LIMIT, result.run
