@@ -53,7 +53,14 @@ class Executor:
         self._nodes_read_at = -1e9
         self._languages: dict[str, str] = {}  # language -> runtime offering it
 
-    async def run(self, principal: Principal, spec: RunSpec) -> tuple[Invocation, RunResult | None]:
+    async def run(
+        self,
+        principal: Principal,
+        spec: RunSpec,
+        *,
+        kind: str = "run",
+        function_version_id: str | None = None,
+    ) -> tuple[Invocation, RunResult | None]:
         """Run ``spec`` for ``principal``; the stored row and, if it came inline, the result."""
         quota = principal.quota
         limits = spec.limits
@@ -77,15 +84,17 @@ class Executor:
                     s,
                     invocation_id=invocation_id,
                     tenant_id=principal.tenant_id,
-                    kind="run",
+                    kind=kind,
                     runtime=runtime,
                     language=spec.language,
                     request=request,
+                    function_version_id=function_version_id,
                 )
             )
             job = Job(
                 invocation_id=invocation_id,
                 tenant_id=principal.tenant_id,
+                kind=kind,
                 runtime=runtime,
                 spec=spec,
                 reply_to=self._dispatcher.gateway_id,

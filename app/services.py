@@ -129,6 +129,16 @@ async def open_services(
             redis=redis,
         )
         metrics.gauge(
+            "corral_db_writer",
+            "Group-commit writer: writes, batches (transactions) and seconds spent committing.",
+            lambda: {
+                "writes": float(writer.writes),
+                "batches": float(writer.batches),
+                "commit_seconds": writer.commit_seconds,
+            },
+            "counter",
+        )
+        metrics.gauge(
             "corral_queue_depth",
             "Work waiting: in dispatch, or in admission queues.",
             lambda: services.gauges.get("queue", {}),

@@ -185,7 +185,7 @@ class NodeAgent:
                     s,
                     invocation_id=inv,
                     tenant_id=job.tenant_id,
-                    kind="run",
+                    kind=job.kind,
                     error=reason,
                     node_id=self.node_id,
                 )
@@ -213,7 +213,7 @@ class NodeAgent:
                 s,
                 invocation_id=inv,
                 tenant_id=job.tenant_id,
-                kind="run",
+                kind=job.kind,
                 node_id=self.node_id,
                 attempt=attempt,
                 result=result,

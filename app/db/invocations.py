@@ -58,6 +58,7 @@ async def create(
     runtime: str | None,
     language: str | None,
     request: dict[str, Any],
+    function_version_id: str | None = None,
 ) -> Invocation:
     """Insert a queued invocation; returns the row as inserted (not attached to a session)."""
     now = utcnow()
@@ -67,6 +68,7 @@ async def create(
         "kind": kind,
         "runtime": runtime,
         "language": language,
+        "function_version_id": function_version_id,
         "status": Status.QUEUED.value,
         "request": request,
         "created_at": now,

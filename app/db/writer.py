@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -41,6 +42,7 @@ class BatchWriter:
         self._task: asyncio.Task[None] | None = None
         self.batches = 0
         self.writes = 0
+        self.commit_seconds = 0.0
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="corral-batch-writer")
@@ -91,6 +93,7 @@ class BatchWriter:
                 await self._commit(batch)
 
     async def _commit(self, batch: list[tuple[Write, asyncio.Future[Any]]]) -> None:
+        started = time.perf_counter()
         try:
             async with self._sessions.begin() as session:
                 results = [await op(session) for op, _ in batch]
@@ -106,6 +109,7 @@ class BatchWriter:
             return
         self.batches += 1
         self.writes += len(batch)
+        self.commit_seconds += time.perf_counter() - started
         for (_, future), result in zip(batch, results, strict=True):
             if not future.done():
                 future.set_result(result)

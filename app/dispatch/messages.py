@@ -14,6 +14,7 @@ class Job(BaseModel):
 
     invocation_id: str
     tenant_id: str
+    kind: str = "run"  #: what the invocation record calls it: run | function
     runtime: str
     spec: RunSpec
     reply_to: str
