@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from httpload import Connection
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,7 +54,7 @@ def summary(latencies_ms: list[float], wall_s: float, errors: int) -> dict[str, 
 
 # --- the server -----------------------------------------------------------------------------
 class Server:
-    def __init__(self, slots: int) -> None:
+    def __init__(self, slots: int, runtimes: str) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="corral-bench-"))
         self.admin_key = secrets.token_urlsafe(32)
         with socket.socket() as sock:
@@ -66,6 +67,7 @@ class Server:
             "CORRAL_DATA_DIR": str(self.dir),
             "CORRAL_PORT": str(self.port),
             "CORRAL_NODE_SLOTS": str(slots),
+            "CORRAL_RUNTIMES": json.dumps(runtimes.split(",")),
             "PYTHONPATH": str(ROOT),
         }
         self.log = (self.dir / "server.log").open("wb")
@@ -117,43 +119,38 @@ class Server:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-# --- load -----------------------------------------------------------------------------------
+# --- load -------------------------------------------------------------------------------------
 async def drive(
     url: str, key: str, body: dict[str, Any], *, requests: int, concurrency: int
 ) -> dict[str, Any]:
+    """``requests`` POSTs of ``body`` to /v1/run from ``concurrency`` keep-alive connections."""
     latencies: list[float] = []
     errors = 0
     statuses: dict[str, int] = {}
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     headers = {"Authorization": f"Bearer {key}"}
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=120) as client:
-        queue: asyncio.Queue[int] = asyncio.Queue()
-        for i in range(requests):
-            queue.put_nowait(i)
+    remaining = requests
 
-        async def worker() -> None:
-            nonlocal errors
-            while True:
-                try:
-                    queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    return
+    async def worker() -> None:
+        nonlocal errors, remaining
+        conn = await Connection.open(url)
+        try:
+            while remaining > 0:
+                remaining -= 1
                 started = time.perf_counter()
-                response = await client.post("/v1/run", json=body, headers=headers)
+                status, answer = await conn.post_json("/v1/run", body, headers)
                 elapsed = (time.perf_counter() - started) * 1000
-                ok = response.status_code == 200 and response.json()["status"] == "succeeded"
-                key_ = str(response.status_code) + (
-                    ":" + response.json().get("status", "") if response.status_code == 200 else ""
-                )
-                statuses[key_] = statuses.get(key_, 0) + 1
-                if ok:
+                outcome = f"{status}:{answer.get('status', '')}" if status == 200 else str(status)
+                statuses[outcome] = statuses.get(outcome, 0) + 1
+                if outcome == "200:succeeded":
                     latencies.append(elapsed)
                 else:
                     errors += 1
+        finally:
+            await conn.close()
 
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        wall = time.perf_counter() - started
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    wall = time.perf_counter() - started
     result = summary(latencies, wall, errors)
     result["concurrency"] = concurrency
     result["statuses"] = statuses
@@ -223,6 +220,7 @@ async def measure(url: str, key: str, args: argparse.Namespace) -> dict[str, Any
         "code": args.code,
         "cpus": os.cpu_count(),
         "node_slots": args.slots,
+        "runtimes": args.runtimes,
         "corral": [
             await drive(url, key, body, requests=args.requests, concurrency=c) for c in levels
         ],
@@ -241,13 +239,14 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--concurrency", default="1,8,32")
     parser.add_argument("--slots", type=int, default=8, help="node slots of the started server")
+    parser.add_argument("--runtimes", default="nsjail", help="backends of the started server")
     args = parser.parse_args()
     server = None
     try:
         if args.url:
             url, key = args.url, args.api_key
         else:
-            server = Server(slots=args.slots)
+            server = Server(slots=args.slots, runtimes=args.runtimes)
             server.wait_ready()
             url, key = server.url, server.tenant_key()
         results = asyncio.run(measure(url, key, args))
