@@ -6,10 +6,16 @@
    execution is never lost), submit the Job, and wait for the node's Completion.
 4. If no Completion arrives in time, read the row: it may be final already; if not,
    answer 504 ``execution_timeout`` naming the invocation, whose result will be stored.
+
+``submit`` is the asynchronous variant: steps 1-3 (admission included), then the queued
+row is returned at once and a background task holds the admission slot until the node's
+Completion arrives.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from typing import Any
@@ -52,6 +58,7 @@ class Executor:
         self._grace_s = wait_grace_s
         self._nodes_read_at = -1e9
         self._languages: dict[str, str] = {}  # language -> runtime offering it
+        self._background: set[asyncio.Task[None]] = set()  # asynchronous invocations
 
     async def run(
         self,
@@ -60,8 +67,73 @@ class Executor:
         *,
         kind: str = "run",
         function_version_id: str | None = None,
+        record: dict[str, Any] | None = None,
     ) -> tuple[Invocation, RunResult | None]:
-        """Run ``spec`` for ``principal``; the stored row and, if it came inline, the result."""
+        """Run ``spec`` for ``principal``; the stored row and, if it came inline, the result.
+
+        ``record`` is what the invocation row keeps of the request (default: the spec
+        without file contents).
+        """
+        runtime, wall = await self._check(principal, spec)
+        async with self._admission.admit(principal.tenant_id, principal.quota, wall_seconds=wall):
+            row, job = await self._dispatch(
+                principal, spec, runtime, kind, function_version_id, record
+            )
+            completion = await self._dispatcher.wait(row.id, job.deadline_seconds + self._grace_s)
+        return await self._answer(principal, row, completion)
+
+    async def submit(
+        self,
+        principal: Principal,
+        spec: RunSpec,
+        *,
+        kind: str = "run",
+        function_version_id: str | None = None,
+        record: dict[str, Any] | None = None,
+    ) -> Invocation:
+        """Start ``spec`` and return its queued row at once (asynchronous invocation).
+
+        Admission happens here, so a refusal (429) is still the caller's answer. The
+        concurrency slot is then handed to a background task that holds it until the
+        node's Completion arrives (or the deadline passes); the result itself is stored
+        by the node, so nothing is lost if this process goes away: the slot's lease
+        expires on its own.
+        """
+        runtime, wall = await self._check(principal, spec)
+        slot = self._admission.admit(principal.tenant_id, principal.quota, wall_seconds=wall)
+        await slot.__aenter__()
+        try:
+            row, job = await self._dispatch(
+                principal, spec, runtime, kind, function_version_id, record
+            )
+        except BaseException as exc:
+            await slot.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        task = asyncio.create_task(
+            self._hold(slot, row, job.deadline_seconds + self._grace_s),
+            name=f"corral-async-{row.id}",
+        )
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return row
+
+    async def _hold(
+        self, slot: contextlib.AbstractAsyncContextManager[float], row: Invocation, timeout: float
+    ) -> None:
+        """Keep an asynchronous invocation's admission slot until it completes."""
+        try:
+            completion = await self._dispatcher.wait(row.id, timeout)
+            if completion is not None:
+                self._metrics.invocations.labels(row.kind, completion.status).inc()
+            else:
+                log.info("async invocation %s: no completion in %.0fs", row.id, timeout)
+        except Exception:
+            log.exception("async invocation %s: waiting for its completion failed", row.id)
+        finally:
+            await slot.__aexit__(None, None, None)
+
+    async def _check(self, principal: Principal, spec: RunSpec) -> tuple[str, float]:
+        """Limits against the quota, and the runtime for the language; (runtime, wall s)."""
         quota = principal.quota
         limits = spec.limits
         if limits.memory_mb > quota.max_memory_mb:
@@ -75,36 +147,42 @@ class Executor:
                 f"run_timeout {limits.run_timeout_s}s is over the tenant's max_wall_seconds "
                 f"{quota.max_wall_seconds}s"
             )
-        runtime = await self.runtime_for(spec.language)
-        async with self._admission.admit(principal.tenant_id, quota, wall_seconds=wall):
-            invocation_id = new_id("inv")
-            request = _request_record(spec)
-            row = await self._writer.write(
-                lambda s: invocations.create(
-                    s,
-                    invocation_id=invocation_id,
-                    tenant_id=principal.tenant_id,
-                    kind=kind,
-                    runtime=runtime,
-                    language=spec.language,
-                    request=request,
-                    function_version_id=function_version_id,
-                )
-            )
-            job = Job(
+        return await self.runtime_for(spec.language), wall
+
+    async def _dispatch(
+        self,
+        principal: Principal,
+        spec: RunSpec,
+        runtime: str,
+        kind: str,
+        function_version_id: str | None,
+        record: dict[str, Any] | None,
+    ) -> tuple[Invocation, Job]:
+        """Insert the queued row (committed), then submit the Job."""
+        invocation_id = new_id("inv")
+        request = record if record is not None else _request_record(spec)
+        row: Invocation = await self._writer.write(
+            invocations.Create(
                 invocation_id=invocation_id,
                 tenant_id=principal.tenant_id,
                 kind=kind,
                 runtime=runtime,
-                spec=spec,
-                reply_to=self._dispatcher.gateway_id,
-                enqueued_at=time.time(),
+                language=spec.language,
+                request=request,
+                function_version_id=function_version_id,
             )
-            await self._dispatcher.submit(job)
-            completion = await self._dispatcher.wait(
-                invocation_id, job.deadline_seconds + self._grace_s
-            )
-        return await self._answer(principal, row, completion)
+        )
+        job = Job(
+            invocation_id=invocation_id,
+            tenant_id=principal.tenant_id,
+            kind=kind,
+            runtime=runtime,
+            spec=spec,
+            reply_to=self._dispatcher.gateway_id,
+            enqueued_at=time.time(),
+        )
+        await self._dispatcher.submit(job)
+        return row, job
 
     async def _answer(
         self, principal: Principal, row: Invocation, completion: Completion | None

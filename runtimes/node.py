@@ -18,10 +18,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from app.db import invocations, nodes
 from app.db.models import utcnow
@@ -181,8 +181,7 @@ class NodeAgent:
             )
             log.error("invocation %s: %s", inv, reason)
             await self._writer.write(
-                lambda s: invocations.fail(
-                    s,
+                invocations.Fail(
                     invocation_id=inv,
                     tenant_id=job.tenant_id,
                     kind=job.kind,
@@ -192,11 +191,9 @@ class NodeAgent:
             )
             return await self._final_status(job)
 
-        def running(s: AsyncSession) -> Awaitable[bool]:
-            return invocations.mark_running(
-                s, invocation_id=inv, node_id=self.node_id, attempt=attempt, started_at=started_at
-            )
-
+        running = invocations.MarkRunning(
+            invocation_id=inv, node_id=self.node_id, attempt=attempt, started_at=started_at
+        )
         if attempt == 1:
             # A first delivery cannot find its row final: mark it running without waiting.
             self._writer.post(running, what=f"invocation {inv} running")
@@ -209,8 +206,7 @@ class NodeAgent:
             )
         result = await self._run(job)
         status = await self._writer.write(
-            lambda s: invocations.finish(
-                s,
+            invocations.Finish(
                 invocation_id=inv,
                 tenant_id=job.tenant_id,
                 kind=job.kind,

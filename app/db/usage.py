@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import date
 from typing import Any, cast
 
@@ -30,6 +31,42 @@ _COUNTERS = ("invocations", "failures", *_COST_FIELDS)
 _UPSERT = {"postgresql": _upsert(pg_insert), "sqlite": _upsert(sqlite_insert)}
 
 
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """One finished invocation's contribution to its tenant's rollup."""
+
+    tenant_id: str
+    kind: str
+    day: date
+    failed: bool
+    costs: Mapping[str, float | None]
+
+
+async def record_many(session: AsyncSession, items: Sequence[Usage]) -> None:
+    """Add invocations to their rollups: one upsert row per (tenant, day, kind)."""
+    rows: dict[tuple[str, date, str], dict[str, Any]] = {}
+    for item in items:
+        key = (item.tenant_id, item.day, item.kind)
+        row = rows.get(key)
+        if row is None:
+            row = rows[key] = {
+                "tenant_id": item.tenant_id,
+                "day": item.day,
+                "kind": item.kind,
+                "invocations": 0,
+                "failures": 0,
+                **dict.fromkeys(_COST_FIELDS, 0.0),
+            }
+        row["invocations"] += 1
+        row["failures"] += 1 if item.failed else 0
+        for name in _COST_FIELDS:
+            row[name] += float(item.costs.get(name) or 0.0)
+    if rows:
+        conn = await session.connection()
+        values = list(rows.values())
+        await conn.execute(_UPSERT[conn.dialect.name], values[0] if len(values) == 1 else values)
+
+
 async def record(
     session: AsyncSession,
     *,
@@ -40,18 +77,7 @@ async def record(
     costs: Mapping[str, float | None],
 ) -> None:
     """Add one finished invocation to its tenant's rollup for ``day`` (an upsert)."""
-    conn = await session.connection()
-    await conn.execute(
-        _UPSERT[conn.dialect.name],
-        {
-            "tenant_id": tenant_id,
-            "day": day,
-            "kind": kind,
-            "invocations": 1,
-            "failures": 1 if failed else 0,
-            **{f: float(costs.get(f) or 0.0) for f in _COST_FIELDS},
-        },
-    )
+    await record_many(session, [Usage(tenant_id, kind, day, failed, costs)])
 
 
 async def cpu_seconds(session: AsyncSession, *, tenant_id: str, day: date) -> float:

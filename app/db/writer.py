@@ -7,10 +7,16 @@ round trip and a commit per write. ``BatchWriter`` queues writes and one task ru
 whatever has queued up in a single transaction, so under load one commit carries many
 writes, and with no load a write is committed at once (no batching delay).
 
-A write is an ``async (session) -> T`` callable. ``write(op)`` waits for the commit and
-returns ``op``'s result; ``post(op)`` does not wait (its failure is logged). If a batch
-fails, its writes are retried one by one, so one bad write cannot fail its neighbours.
-Writes are committed in the order they were queued.
+A write is either an ``async (session) -> T`` callable, or a ``Batchable``: a write
+of a kind that knows how to run many of its kind in one statement (``executemany``), which
+is what the invocation lifecycle uses (``app.db.invocations``). Within a batch, batchables
+run grouped by class in ``stage`` order (the lifecycle order of a row: created, running,
+finished), then plain callables in queue order; since one invocation's writes are queued
+in lifecycle order, they are committed in that order.
+
+``write(op)`` waits for the commit and returns ``op``'s result; ``post(op)`` does not wait
+(its failure is logged). If a batch fails, its writes are retried one by one, so one bad
+write cannot fail its neighbours.
 """
 
 from __future__ import annotations
@@ -19,14 +25,28 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, ClassVar, Self
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 log = logging.getLogger(__name__)
 
-Write = Callable[[AsyncSession], Awaitable[Any]]
+
+class Batchable(ABC):
+    """A write that runs together with the other writes of its class in a batch."""
+
+    #: Order of the classes within a batch.
+    stage: ClassVar[int]
+
+    @classmethod
+    @abstractmethod
+    async def run_many(cls, session: AsyncSession, writes: Sequence[Self]) -> list[Any]:
+        """Apply ``writes`` (in queue order) and return one result per write."""
+
+
+Write = Callable[[AsyncSession], Awaitable[Any]] | Batchable
 
 #: Upper bound of writes in one transaction.
 MAX_BATCH = 256
@@ -61,10 +81,10 @@ class BatchWriter:
                 await self._task
         self._task = None
 
-    def write[T](self, op: Callable[[AsyncSession], Awaitable[T]]) -> asyncio.Future[T]:
+    def write(self, op: Write) -> asyncio.Future[Any]:
         """Queue ``op`` now; the returned future resolves when it is committed. A caller
         that is cancelled does not cancel the write."""
-        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait((op, future))
         return asyncio.shield(future)
 
@@ -96,14 +116,16 @@ class BatchWriter:
         started = time.perf_counter()
         try:
             async with self._sessions.begin() as session:
-                results = [await op(session) for op, _ in batch]
+                results = await _apply(session, [op for op, _ in batch])
         except Exception as exc:
             if len(batch) == 1:
                 _, future = batch[0]
                 if not future.done():
                     future.set_exception(exc)
                 return
-            log.warning("a batch of %d writes failed; retrying them one by one", len(batch))
+            log.warning(
+                "a batch of %d writes failed (%r); retrying them one by one", len(batch), exc
+            )
             for item in batch:
                 await self._commit([item])
             return
@@ -113,6 +135,27 @@ class BatchWriter:
         for (_, future), result in zip(batch, results, strict=True):
             if not future.done():
                 future.set_result(result)
+
+
+async def _apply(session: AsyncSession, ops: list[Write]) -> list[Any]:
+    results: list[Any] = [None] * len(ops)
+    groups: dict[type[Batchable], list[int]] = {}
+    plain: list[int] = []
+    for index, op in enumerate(ops):
+        if isinstance(op, Batchable):
+            groups.setdefault(type(op), []).append(index)
+        else:
+            plain.append(index)
+    for kind in sorted(groups, key=lambda k: k.stage):
+        indexes = groups[kind]
+        outcome = await kind.run_many(session, [ops[i] for i in indexes])  # type: ignore[misc]
+        for i, value in zip(indexes, outcome, strict=True):
+            results[i] = value
+    for i in plain:
+        op = ops[i]
+        assert not isinstance(op, Batchable)
+        results[i] = await op(session)
+    return results
 
 
 def _log_failure(future: asyncio.Future[Any], what: str) -> None:

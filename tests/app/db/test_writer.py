@@ -90,3 +90,79 @@ async def test_posted_writes_are_committed_in_order_and_on_close(
     await writer.close()  # drains the posted write
     assert order == ["running", "finished", "late"]
     assert await rows(sessions) == [1, 2, 3]
+
+
+@pytest.fixture
+async def migrated(tmp_path: Path) -> AsyncIterator[async_sessionmaker[Any]]:
+    from app.db.migrate import upgrade
+
+    engine = make_engine(f"sqlite+aiosqlite:///{tmp_path}/m.db")
+    await upgrade(engine)
+    try:
+        yield make_sessionmaker(engine)
+    finally:
+        await engine.dispose()
+
+
+async def test_one_invocations_lifecycle_in_one_batch_keeps_its_order(
+    migrated: async_sessionmaker[Any],
+) -> None:
+    """Create, running and two finishes queued together: committed in lifecycle order,
+    and the second result for the row is refused (a late result never replaces one)."""
+    from datetime import UTC, datetime
+
+    from app.db import invocations as inv
+    from app.db import tenants
+    from app.quotas.model import QuotaLimits
+    from app.settings import QuotaDefaults
+    from runtimes.models import RunResult, StageResult, StageStatus
+
+    async with migrated.begin() as session:
+        tenant, _key, _plain = await tenants.create_tenant(
+            session, name="w", quota=QuotaLimits.from_defaults(QuotaDefaults())
+        )
+    now = datetime.now(UTC)
+
+    def finish(stdout: str) -> inv.Finish:
+        result = RunResult(run=StageResult(status=StageStatus.FINISHED, exit_code=0, stdout=stdout))
+        return inv.Finish(
+            invocation_id="inv_1",
+            tenant_id=tenant.id,
+            kind="run",
+            node_id="n",
+            attempt=1,
+            result=result,
+            queue_ms=1.0,
+            started_at=now,
+        )
+
+    writer = BatchWriter(migrated)
+    await writer.start()
+    try:
+        outcomes = await asyncio.gather(
+            writer.write(finish("first")),  # queued before its row exists: runs after Create
+            writer.write(
+                inv.Create(
+                    invocation_id="inv_1",
+                    tenant_id=tenant.id,
+                    kind="run",
+                    runtime="fake",
+                    language="fake",
+                    request={},
+                )
+            ),
+            writer.write(
+                inv.MarkRunning(invocation_id="inv_1", node_id="n", attempt=1, started_at=now)
+            ),
+            writer.write(finish("second")),
+        )
+    finally:
+        await writer.close()
+    assert outcomes[2] is True
+    assert outcomes[0] == inv.Status.SUCCEEDED
+    assert outcomes[3] is None
+    async with migrated() as session:
+        row = await inv.get(session, tenant_id=tenant.id, invocation_id="inv_1")
+        assert (row.status, row.stdout) == ("succeeded", "first")
+        usage_rows = (await session.execute(text("SELECT invocations FROM usage_rollups"))).all()
+    assert usage_rows == [(1,)]
