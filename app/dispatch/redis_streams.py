@@ -81,7 +81,17 @@ class RedisStreamsDispatcher(Dispatcher):
     async def submit(self, job: Job) -> None:
         await self._ensure_group(job.runtime)
         self._waiters.setdefault(job.invocation_id, asyncio.get_running_loop().create_future())
-        await self._redis.xadd(keys.jobs(job.runtime), {"job": job.model_dump_json()})
+        # NOMKSTREAM: if the stream vanished since the group was made (Redis restarted
+        # without persistence), re-create stream and group rather than a group-less stream.
+        if (
+            await self._redis.xadd(
+                keys.jobs(job.runtime), {"job": job.model_dump_json()}, nomkstream=True
+            )
+            is None
+        ):
+            self._groups_made.discard(job.runtime)
+            await self._ensure_group(job.runtime)
+            await self._redis.xadd(keys.jobs(job.runtime), {"job": job.model_dump_json()})
 
     async def wait(self, invocation_id: str, timeout: float) -> Completion | None:
         future = self._waiters.setdefault(invocation_id, asyncio.get_running_loop().create_future())
@@ -147,19 +157,28 @@ class RedisStreamsDispatcher(Dispatcher):
 
     async def deliveries(self, node: NodeInfo) -> AsyncIterator[Delivery]:
         streams = [keys.jobs(runtime) for runtime in node.runtimes]
-        for runtime in node.runtimes:
-            await self._ensure_group(runtime)
         while True:
-            for stream in streams:
-                async for delivery in self._reclaim(stream, node.node_id):
-                    yield delivery
-            batches = await self._redis.xreadgroup(
-                keys.NODE_GROUP,
-                node.node_id,
-                dict.fromkeys(streams, ">"),
-                count=1,
-                block=self._poll_ms,
-            )
+            for runtime in node.runtimes:
+                await self._ensure_group(runtime)
+            try:
+                for stream in streams:
+                    async for delivery in self._reclaim(stream, node.node_id):
+                        yield delivery
+                batches = await self._redis.xreadgroup(
+                    keys.NODE_GROUP,
+                    node.node_id,
+                    dict.fromkeys(streams, ">"),
+                    count=1,
+                    block=self._poll_ms,
+                )
+            except ResponseError as exc:
+                # The stream or group is gone (Redis restarted without persistence, or
+                # someone deleted the key): make them again rather than fail forever.
+                if "NOGROUP" not in str(exc) and "no longer exists" not in str(exc):
+                    raise
+                log.warning("node %s: job streams vanished (%s); recreating", node.node_id, exc)
+                self._groups_made.clear()
+                continue
             for stream, entries in batches or []:
                 for entry_id, fields in entries:
                     fresh = await self._decode(stream, entry_id, fields, attempt=1)

@@ -200,3 +200,25 @@ async def test_a_malformed_entry_is_dropped_not_looped_on(redis_url: str) -> Non
         await gen.aclose()  # type: ignore[attr-defined]
     finally:
         await redis.aclose()
+
+
+@pytest.mark.redis
+async def test_dispatch_survives_redis_losing_its_keys(redis_url: str) -> None:
+    """Redis restarted without persistence: streams and group are made again, on both
+    sides, and work flows (instead of NOGROUP forever)."""
+    redis = Redis.from_url(redis_url, decode_responses=True)
+    gw = RedisStreamsDispatcher(redis, runtimes=["fake"], node_dead_after_s=5, poll_s=0.1)
+    try:
+        await gw.register(NODE_A)
+        await gw.submit(job(20, gw.gateway_id))
+        gen = gw.deliveries(NODE_A)
+        first = await asyncio.wait_for(anext(gen), 5)
+        await gw.ack("node-a", first)
+        await redis.flushdb()
+        await gw.register(NODE_A)
+        await gw.submit(job(21, gw.gateway_id))
+        second = await asyncio.wait_for(anext(gen), 5)
+        assert second.job.invocation_id == "inv_21"
+        await gen.aclose()  # type: ignore[attr-defined]
+    finally:
+        await redis.aclose()
