@@ -34,8 +34,8 @@ test: $(STAMP)
 	  CORRAL_TEST_REQUIRE_SERVICES=1 $(VENV)/bin/pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check app runtimes migrations tests bench
-	$(VENV)/bin/ruff format --check app runtimes migrations tests bench
+	$(VENV)/bin/ruff check app runtimes migrations tests bench functions
+	$(VENV)/bin/ruff format --check app runtimes migrations tests bench functions
 	$(VENV)/bin/mypy
 
 format: $(STAMP)

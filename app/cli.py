@@ -307,3 +307,108 @@ def run(
     if last.get("status") == "finished" and isinstance(last.get("exit_code"), int):
         sys.exit(last["exit_code"])
     sys.exit(1)
+
+
+# --- tool functions -----------------------------------------------------------------------
+@main.group()
+def functions() -> None:
+    """Register and invoke tool functions (tenant)."""
+
+
+def _manifest(directory: Path) -> dict[str, Any]:
+    """The manifest of a function directory: function.json or corral.toml."""
+    json_file, toml_file = directory / "function.json", directory / "corral.toml"
+    if json_file.is_file():
+        data = json.loads(json_file.read_text())
+    elif toml_file.is_file():
+        import tomllib
+
+        data = tomllib.loads(toml_file.read_text())
+    else:
+        raise click.UsageError(f"{directory} has no function.json or corral.toml")
+    if not isinstance(data, dict) or "name" not in data or "source" not in data:
+        raise click.UsageError("the manifest needs at least 'name' and 'source'")
+    return data
+
+
+def _build_module(directory: Path, manifest: dict[str, Any], module: Path) -> None:
+    """Compile ``c_source`` to ``module`` with clang for wasm32-wasi."""
+    import shutil
+    import subprocess
+
+    c_source = manifest.get("c_source")
+    if not c_source:
+        raise click.UsageError(f"{module} is missing and the manifest names no c_source")
+    clang = shutil.which("clang")
+    if clang is None:
+        raise click.ClickException("clang is needed to build the module (scripts/setup-wasm.sh)")
+    command = [clang, "--target=wasm32-wasi", "-O2", "-o", str(module), str(directory / c_source)]
+    click.echo(" ".join(command), err=True)
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise click.ClickException(f"clang failed:\n{done.stderr}")
+
+
+@functions.command("deploy")
+@click.argument(
+    "directory", type=click.Path(exists=True, file_okay=False, path_type=Path), default="."
+)
+@_url
+@_key
+def functions_deploy(directory: Path, url: str, api_key: str | None) -> None:
+    """Register the function in DIRECTORY (its manifest and source) as a new version."""
+    import base64
+
+    manifest = _manifest(directory)
+    source = directory / str(manifest["source"])
+    body: dict[str, Any] = {
+        k: manifest[k]
+        for k in ("name", "language", "entry_point", "input_schema", "limits")
+        if k in manifest
+    }
+    if manifest.get("language") == "wasm":
+        if not source.is_file():
+            _build_module(directory, manifest, source)
+        body["module_base64"] = base64.b64encode(source.read_bytes()).decode("ascii")
+    else:
+        if not source.is_file():
+            raise click.UsageError(f"{source} does not exist")
+        body["code"] = source.read_text()
+    result = _request(url, api_key, "POST", "/v1/functions", body)
+    version = result["version"]
+    state = "registered" if result["created"] else "unchanged, still"
+    click.echo(
+        f"{result['function']['name']}: {state} version {version['version']} "
+        f"({version['language']}, sha256 {version['content_hash'][:12]})"
+    )
+
+
+@functions.command("list")
+@_url
+@_key
+def functions_list(url: str, api_key: str | None) -> None:
+    """List the tenant's functions."""
+    _echo(_request(url, api_key, "GET", "/v1/functions"))
+
+
+@functions.command("invoke")
+@click.argument("name")
+@click.option("--input", "input_text", default="{}", show_default=True, help="The input, as JSON.")
+@click.option("--version", default=None, help="A version number or alias [latest].")
+@_url
+@_key
+def functions_invoke(
+    name: str, input_text: str, version: str | None, url: str, api_key: str | None
+) -> None:
+    """Invoke function NAME and print its result; exits 1 unless it succeeded."""
+    try:
+        value = json.loads(input_text)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--input") from None
+    path = f"/v1/functions/{name}/invoke"
+    if version is not None:
+        path = f"/v1/functions/{name}/versions/{version}/invoke"
+    result = _request(url, api_key, "POST", path, value)
+    _echo(result)
+    if result.get("status") != "succeeded":
+        sys.exit(1)

@@ -9,6 +9,9 @@ never rename one) and an HTTP ``status``.
     │   ├── InvalidJSON              400 invalid_json
     │   └── UnsupportedMediaType     415 unsupported_media_type
     ├── ValidationFailed             422 validation_error
+    │   ├── InputValidationFailed    422 input_validation_error   (a function's input)
+    │   ├── InvalidInputSchema       422 invalid_input_schema     (a function's schema)
+    │   └── InvalidArtifact          422 invalid_artifact         (code or module)
     ├── LimitTooHigh                 422 limit_too_high
     ├── PayloadTooLarge              413 payload_too_large
     ├── Unauthenticated              401 missing_api_key
@@ -65,6 +68,24 @@ class UnsupportedMediaType(BadRequest):
 
 class ValidationFailed(CorralError):
     status, code, default_message = 422, "validation_error", "request failed validation"
+
+
+class InputValidationFailed(ValidationFailed):
+    """A function's input does not match the JSON schema registered with it."""
+
+    code, default_message = "input_validation_error", "input does not match the function's schema"
+
+
+class InvalidInputSchema(ValidationFailed):
+    """The input schema given at registration is not a valid JSON Schema (2020-12)."""
+
+    code, default_message = "invalid_input_schema", "input_schema is not a valid JSON Schema"
+
+
+class InvalidArtifact(ValidationFailed):
+    """A function's code or WebAssembly module cannot be used (syntax, imports, ...)."""
+
+    code, default_message = "invalid_artifact", "the function's code or module is not usable"
 
 
 class LimitTooHigh(CorralError):

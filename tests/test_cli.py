@@ -36,6 +36,10 @@ COMMANDS = [
     ["key", "create"],
     ["key", "revoke"],
     ["run"],
+    ["functions"],
+    ["functions", "deploy"],
+    ["functions", "list"],
+    ["functions", "invoke"],
 ]
 
 

@@ -20,6 +20,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -135,6 +136,24 @@ class FunctionVersion(Base):
     input_schema: Mapped[dict[str, Any]] = mapped_column(default=dict)
     limits: Mapped[dict[str, Any]] = mapped_column(default=dict)
     artifact_path: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class FunctionArtifact(Base):
+    """The bytes a function version runs (source text as UTF-8, or a ``.wasm`` module).
+
+    Keyed by tenant and SHA-256 of the content, so versions with the same content share
+    one row, and held in the database so that a node on any host can be handed them.
+    """
+
+    __tablename__ = "function_artifacts"
+
+    tenant_id: Mapped[str] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    content_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    content: Mapped[bytes] = mapped_column(LargeBinary)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 from app.http.endpoint import Endpoint
-from app.routes import health, invocations, run, runtimes, sandboxfusion, tenants
+from app.routes import (
+    functions,
+    health,
+    invocations,
+    run,
+    runtimes,
+    sandboxfusion,
+    tenants,
+)
 
 ENDPOINTS: list[Endpoint] = [
     *health.endpoints,
@@ -12,4 +20,5 @@ ENDPOINTS: list[Endpoint] = [
     *invocations.endpoints,
     *runtimes.endpoints,
     *sandboxfusion.endpoints,
+    *functions.endpoints,
 ]

@@ -71,6 +71,7 @@ def test_models_define_the_expected_tables() -> None:
         "api_keys",
         "functions",
         "function_versions",
+        "function_artifacts",
         "invocations",
         "sandboxes",
         "nodes",
@@ -84,7 +85,7 @@ async def test_upgrade_downgrade_upgrade(engine: AsyncEngine) -> None:
 
     await upgrade(engine, "head")
     assert await _tables(engine) == MODEL_TABLES | {"alembic_version"}
-    assert await _revision(engine) == "0001"
+    assert await _revision(engine) == "0002"
 
     await downgrade(engine, "base")
     assert await _tables(engine) == {"alembic_version"}
@@ -92,7 +93,7 @@ async def test_upgrade_downgrade_upgrade(engine: AsyncEngine) -> None:
 
     await upgrade(engine, "head")
     assert await _tables(engine) == MODEL_TABLES | {"alembic_version"}
-    assert await _revision(engine) == "0001"
+    assert await _revision(engine) == "0002"
 
 
 async def test_upgrade_is_idempotent(engine: AsyncEngine) -> None:

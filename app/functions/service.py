@@ -1,0 +1,178 @@
+"""Register and invoke functions: the registry's rules on top of the database and the
+executor. Route handlers call these; nothing here knows about HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from app.auth.principal import Principal
+from app.db import functions as repo
+from app.db.models import Function, FunctionVersion
+from app.errors import CorralError, LimitTooHigh, ValidationFailed
+from app.functions import artifacts, drivers, outcome, schema
+from app.functions.languages import LANGUAGES, MODULE_ENTRY_POINT, Driver
+from app.schemas.functions import (
+    BatchInvokeItem,
+    FunctionError,
+    FunctionManifest,
+    InvokeResponse,
+)
+from runtimes.models import RunLimits, RunSpec
+
+log = logging.getLogger(__name__)
+
+#: Memory given to a function that names none, unless the tenant's maximum is lower.
+DEFAULT_MEMORY_MB = 512
+
+
+def driver_for(language: str) -> Driver:
+    try:
+        return LANGUAGES[language]
+    except KeyError:
+        offered = ", ".join(sorted(LANGUAGES))
+        raise ValidationFailed(
+            f"language {language!r} cannot be registered as a function (one of: {offered})"
+        ) from None
+
+
+def resolved_limits(manifest: FunctionManifest, principal: Principal) -> dict[str, Any]:
+    """The version's limits, defaults filled in, checked against the tenant's quota."""
+    quota = principal.quota
+    memory = manifest.limits.memory_mb or min(DEFAULT_MEMORY_MB, quota.max_memory_mb)
+    if memory > quota.max_memory_mb:
+        raise LimitTooHigh(
+            f"limits.memory_mb {memory} is over the tenant's max_memory_mb {quota.max_memory_mb}"
+        )
+    if manifest.limits.timeout_s > quota.max_wall_seconds:
+        raise LimitTooHigh(
+            f"limits.timeout_s {manifest.limits.timeout_s}s is over the tenant's "
+            f"max_wall_seconds {quota.max_wall_seconds}s"
+        )
+    return {"timeout_s": manifest.limits.timeout_s, "memory_mb": memory}
+
+
+async def register(
+    services: Any, principal: Principal, *, name: str, manifest: FunctionManifest, content: bytes
+) -> tuple[Function, FunctionVersion, bool]:
+    """Check everything, then store the artifact and a new version (see ``app.db.functions``)."""
+    driver = driver_for(manifest.language)
+    entry_point = MODULE_ENTRY_POINT if driver is Driver.MODULE else manifest.entry_point
+    artifacts.check_entry_point(driver, entry_point)
+    schema.check_schema(manifest.input_schema)
+    limits = resolved_limits(manifest, principal)
+    await artifacts.check_artifact(driver, content, entry_point)
+    new = repo.NewVersion(
+        name=name,
+        language=manifest.language,
+        entry_point=entry_point,
+        input_schema=manifest.input_schema,
+        limits=limits,
+        content=content,
+        content_hash=artifacts.content_hash(content),
+    )
+    async with services.sessions.begin() as session:
+        fn, version, created = await repo.register(session, tenant_id=principal.tenant_id, new=new)
+    if created:
+        log.info(
+            "tenant %s: function %s version %s (%s, %s bytes, sha256 %s)",
+            principal.tenant_id,
+            name,
+            version.version,
+            version.language,
+            len(content),
+            version.content_hash[:12],
+        )
+    return fn, version, created
+
+
+@dataclass(slots=True)
+class Target:
+    """One resolved function version, ready to be invoked."""
+
+    name: str
+    version: FunctionVersion
+    driver: Driver
+    artifact: bytes
+
+    def spec(self, value: Any) -> RunSpec:
+        """Validate ``value`` against the input schema, then build the run."""
+        schema.validate_input(self.version.id, self.version.input_schema, value)
+        limits = self.version.limits
+        return drivers.build_spec(
+            language=self.version.language,
+            driver=self.driver,
+            entry_point=self.version.entry_point,
+            artifact=self.artifact,
+            input_value=value,
+            limits=RunLimits(run_timeout_s=limits["timeout_s"], memory_mb=limits["memory_mb"]),
+        )
+
+    def record(self, value: Any) -> dict[str, Any]:
+        """What the invocation row keeps of the request (not the code: it is versioned)."""
+        return {"function": self.name, "version": self.version.version, "input": value}
+
+
+async def target(services: Any, principal: Principal, *, name: str, ref: str | None) -> Target:
+    """The version ``ref`` (number, alias, or latest) of live function ``name``; 404s."""
+    tenant_id = principal.tenant_id
+    async with services.sessions() as session:
+        fn = await repo.get(session, tenant_id=tenant_id, name=name)
+        version = await repo.resolve(session, fn, ref)
+        data = artifacts.ARTIFACTS.get(tenant_id, version.content_hash)
+        if data is None:
+            data = await repo.artifact(
+                session, tenant_id=tenant_id, content_hash=version.content_hash
+            )
+            artifacts.ARTIFACTS.put(tenant_id, version.content_hash, data)
+    return Target(name=fn.name, version=version, driver=driver_for(version.language), artifact=data)
+
+
+async def invoke(services: Any, principal: Principal, target: Target, value: Any) -> InvokeResponse:
+    """Run once and wait: the function's result (its failures are in the body, not raised)."""
+    spec = target.spec(value)
+    row, result = await services.executor.run(
+        principal,
+        spec,
+        kind="function",
+        function_version_id=target.version.id,
+        record=target.record(value),
+    )
+    return outcome.invoke_response(
+        row, result, function=target.name, version=target.version.version
+    )
+
+
+async def submit(services: Any, principal: Principal, target: Target, value: Any) -> str:
+    """Start one invocation without waiting; its id."""
+    spec = target.spec(value)
+    row = await services.executor.submit(
+        principal,
+        spec,
+        kind="function",
+        function_version_id=target.version.id,
+        record=target.record(value),
+    )
+    return str(row.id)
+
+
+async def invoke_batch(
+    services: Any, principal: Principal, target: Target, values: list[Any]
+) -> list[BatchInvokeItem]:
+    """Each input validated, admitted and run on its own, concurrently; in input order."""
+
+    async def one(value: Any) -> BatchInvokeItem:
+        try:
+            return BatchInvokeItem(result=await invoke(services, principal, target, value))
+        except CorralError as exc:
+            details = exc.details if isinstance(exc.details, dict) else None
+            if isinstance(exc.details, list):
+                details = {"errors": exc.details}
+            return BatchInvokeItem(
+                error=FunctionError(code=exc.code, message=exc.message, details=details)
+            )
+
+    return list(await asyncio.gather(*(one(v) for v in values)))
