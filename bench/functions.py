@@ -1,0 +1,157 @@
+"""Tool-function benchmark: invoke latency and throughput through HTTP.
+
+In one run against one ``corral serve`` (nsjail and wasm backends), it registers and
+invokes three functions: a tiny C function compiled to a WASI module (``fib``), a Python
+function on CPython-in-wasm, and the same Python function on nsjail, each at several
+concurrencies. The nsjail and wasm-python rows are each other's baseline. Prints JSON.
+
+    .venv/bin/python bench/functions.py --requests 300 --concurrency 1,32
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from fncall import Server, summary
+from httpload import Connection
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON_HANDLER = "def handler(event):\n    return {'sum': event['a'] + event['b']}\n"
+SCHEMA = {
+    "type": "object",
+    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+    "required": ["a", "b"],
+}
+
+
+def fib_module() -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "fib.wasm"
+        subprocess.run(
+            [
+                "clang",
+                "--target=wasm32-wasi",
+                "-O2",
+                "-o",
+                str(out),
+                str(ROOT / "functions/fib-c/fib.c"),
+            ],
+            check=True,
+        )
+        return base64.b64encode(out.read_bytes()).decode()
+
+
+def register(url: str, key: str, body: dict[str, Any]) -> None:
+    response = httpx.post(
+        f"{url}/v1/functions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=120
+    )
+    if response.status_code >= 300:
+        raise RuntimeError(f"registering {body['name']}: {response.status_code} {response.text}")
+
+
+async def drive(
+    url: str, key: str, name: str, payload: Any, *, requests: int, concurrency: int
+) -> dict[str, Any]:
+    latencies: list[float] = []
+    errors = 0
+    outcomes: dict[str, int] = {}
+    headers = {"Authorization": f"Bearer {key}"}
+    remaining = requests
+
+    async def worker() -> None:
+        nonlocal errors, remaining
+        conn = await Connection.open(url)
+        try:
+            while remaining > 0:
+                remaining -= 1
+                started = time.perf_counter()
+                status, answer = await conn.post_json(
+                    f"/v1/functions/{name}/invoke", payload, headers
+                )
+                elapsed = (time.perf_counter() - started) * 1000
+                outcome = f"{status}:{(answer or {}).get('status', '')}"
+                outcomes[outcome] = outcomes.get(outcome, 0) + 1
+                if status == 200 and answer.get("status") == "succeeded":
+                    latencies.append(elapsed)
+                else:
+                    errors += 1
+        finally:
+            await conn.close()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    result = summary(latencies, time.perf_counter() - started, errors)
+    result.update(function=name, concurrency=concurrency, outcomes=outcomes)
+    return result
+
+
+async def measure(url: str, key: str, args: argparse.Namespace) -> dict[str, Any]:
+    levels = [int(c) for c in args.concurrency.split(",")]
+    cases = [
+        ("fib-c", {"n": 20}),
+        ("add-wasm-python", {"a": 2, "b": 3}),
+        ("add-nsjail-python", {"a": 2, "b": 3}),
+    ]
+    rows = []
+    for name, payload in cases:
+        await drive(url, key, name, payload, requests=args.warmup, concurrency=4)
+        for c in levels:
+            rows.append(await drive(url, key, name, payload, requests=args.requests, concurrency=c))
+    return {
+        "benchmark": "functions",
+        "cpus": os.cpu_count(),
+        "node_slots": args.slots,
+        "results": rows,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=300, help="per function and level")
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--concurrency", default="1,32")
+    parser.add_argument("--slots", type=int, default=8)
+    args = parser.parse_args()
+    server = Server(slots=args.slots, runtimes="nsjail,wasm")
+    try:
+        server.wait_ready()
+        url, key = server.url, server.tenant_key()
+        register(
+            url,
+            key,
+            {
+                "name": "fib-c",
+                "language": "wasm",
+                "module_base64": fib_module(),
+                "input_schema": {"type": "object"},
+            },
+        )
+        for name, language in (("add-wasm-python", "wasm-python"), ("add-nsjail-python", "python")):
+            register(
+                url,
+                key,
+                {
+                    "name": name,
+                    "language": language,
+                    "code": PYTHON_HANDLER,
+                    "input_schema": SCHEMA,
+                },
+            )
+        results = asyncio.run(measure(url, key, args))
+    finally:
+        server.stop()
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
