@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from httpload import Connection
+from httpload import load
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -124,36 +124,13 @@ async def drive(
     url: str, key: str, body: dict[str, Any], *, requests: int, concurrency: int
 ) -> dict[str, Any]:
     """``requests`` POSTs of ``body`` to /v1/run from ``concurrency`` keep-alive connections."""
-    latencies: list[float] = []
-    errors = 0
-    statuses: dict[str, int] = {}
     headers = {"Authorization": f"Bearer {key}"}
-    remaining = requests
-
-    async def worker() -> None:
-        nonlocal errors, remaining
-        conn = await Connection.open(url)
-        try:
-            while remaining > 0:
-                remaining -= 1
-                started = time.perf_counter()
-                status, answer = await conn.post_json("/v1/run", body, headers)
-                elapsed = (time.perf_counter() - started) * 1000
-                outcome = f"{status}:{answer.get('status', '')}" if status == 200 else str(status)
-                statuses[outcome] = statuses.get(outcome, 0) + 1
-                if outcome == "200:succeeded":
-                    latencies.append(elapsed)
-                else:
-                    errors += 1
-        finally:
-            await conn.close()
-
-    started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    wall = time.perf_counter() - started
-    result = summary(latencies, wall, errors)
+    latencies, outcomes, wall = await load(
+        url, "/v1/run", body, headers, requests=requests, concurrency=concurrency
+    )
+    result = summary(latencies, wall, requests - len(latencies))
     result["concurrency"] = concurrency
-    result["statuses"] = statuses
+    result["statuses"] = outcomes
     return result
 
 

@@ -17,13 +17,12 @@ import json
 import os
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 from fncall import Server, summary
-from httpload import Connection
+from httpload import load
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON_HANDLER = "def handler(event):\n    return {'sum': event['a'] + event['b']}\n"
@@ -62,35 +61,16 @@ def register(url: str, key: str, body: dict[str, Any]) -> None:
 async def drive(
     url: str, key: str, name: str, payload: Any, *, requests: int, concurrency: int
 ) -> dict[str, Any]:
-    latencies: list[float] = []
-    errors = 0
-    outcomes: dict[str, int] = {}
     headers = {"Authorization": f"Bearer {key}"}
-    remaining = requests
-
-    async def worker() -> None:
-        nonlocal errors, remaining
-        conn = await Connection.open(url)
-        try:
-            while remaining > 0:
-                remaining -= 1
-                started = time.perf_counter()
-                status, answer = await conn.post_json(
-                    f"/v1/functions/{name}/invoke", payload, headers
-                )
-                elapsed = (time.perf_counter() - started) * 1000
-                outcome = f"{status}:{(answer or {}).get('status', '')}"
-                outcomes[outcome] = outcomes.get(outcome, 0) + 1
-                if status == 200 and answer.get("status") == "succeeded":
-                    latencies.append(elapsed)
-                else:
-                    errors += 1
-        finally:
-            await conn.close()
-
-    started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    result = summary(latencies, time.perf_counter() - started, errors)
+    latencies, outcomes, wall = await load(
+        url,
+        f"/v1/functions/{name}/invoke",
+        payload,
+        headers,
+        requests=requests,
+        concurrency=concurrency,
+    )
+    result = summary(latencies, wall, requests - len(latencies))
     result.update(function=name, concurrency=concurrency, outcomes=outcomes)
     return result
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -53,3 +54,37 @@ class Connection:
     async def close(self) -> None:
         self._writer.close()
         await self._writer.wait_closed()
+
+
+async def load(
+    url: str, path: str, body: Any, headers: dict[str, str], *, requests: int, concurrency: int
+) -> tuple[list[float], dict[str, int], float]:
+    """POST ``body`` to ``path`` ``requests`` times from ``concurrency`` connections.
+
+    Returns the latencies (ms) of answers that are 200 with ``status: succeeded``, a count
+    of every outcome (``"200:succeeded"``, ``"429"``, ...), and the wall time in seconds.
+    """
+    latencies: list[float] = []
+    outcomes: dict[str, int] = {}
+    remaining = requests
+
+    async def worker() -> None:
+        nonlocal remaining
+        conn = await Connection.open(url)
+        try:
+            while remaining > 0:
+                remaining -= 1
+                started = time.perf_counter()
+                status, answer = await conn.post_json(path, body, headers)
+                elapsed = (time.perf_counter() - started) * 1000
+                state = (answer or {}).get("status", "") if status == 200 else ""
+                outcome = f"{status}:{state}" if state else str(status)
+                outcomes[outcome] = outcomes.get(outcome, 0) + 1
+                if outcome == "200:succeeded":
+                    latencies.append(elapsed)
+        finally:
+            await conn.close()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return latencies, outcomes, time.perf_counter() - started

@@ -13,22 +13,7 @@ from typing import Any
 from runtimes.models import RunSpec
 from runtimes.nsjail.config import MIB, NsjailConfig
 from runtimes.nsjail.languages import LanguageSpec, StagePlan
-
-
-class InvalidSpec(ValueError):
-    """The request itself is unusable (bad path, bad base64, too large)."""
-
-
-def check_relpath(path: str, what: str) -> None:
-    """A path relative to the work dir: no absolute paths, '..', '.', empty parts, NULs."""
-    if not path or "\0" in path or "\\" in path:
-        raise InvalidSpec(f"{what} {path!r} is not a valid path")
-    if path.startswith("/"):
-        raise InvalidSpec(f"{what} {path!r} must be relative to the work dir")
-    if any(part in ("", ".", "..") for part in path.split("/")):
-        raise InvalidSpec(f"{what} {path!r} must not contain '', '.' or '..' components")
-    if len(path) > 1024:
-        raise InvalidSpec(f"{what} path is longer than 1024 characters")
+from runtimes.workfiles import InvalidSpec, check_relpath
 
 
 def _utf8_size(text: str, what: str) -> int:

@@ -21,6 +21,7 @@ from runtimes.nsjail.languages import StagePlan, detect, probe_version
 from runtimes.nsjail.languages import plan as plan_stages
 from runtimes.nsjail.pool import JailPool
 from runtimes.nsjail.stagelimits import StageLimits
+from runtimes.workfiles import InvalidSpec
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +133,7 @@ class NsjailRuntime(Runtime):
             )
         try:
             request.check(spec, lang, self.config)
-        except request.InvalidSpec as exc:
+        except InvalidSpec as exc:
             logger.info("inv=%s rejected: %s", invocation_id, exc)
             return RunResult(run=StageResult(status=StageStatus.ERROR, message=str(exc)))
         plans = plan_stages(lang, spec, self.config)

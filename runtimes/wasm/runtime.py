@@ -33,7 +33,8 @@ from runtimes.wasm.languages import INTERPRETERS, Interpreter
 from runtimes.wasm.modules import InterpreterError, LoadedModule, ModuleLoader, ModuleLoadError
 from runtimes.wasm.output import OutputCapture
 from runtimes.wasm.pool import WarmPool, WarmupError
-from runtimes.wasm.workdir import HostDir, InvalidSpec, decode_files
+from runtimes.wasm.workdir import HostDir, decode_files
+from runtimes.workfiles import InvalidSpec
 
 log = logging.getLogger(__name__)
 

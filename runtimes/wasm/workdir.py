@@ -19,22 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtimes.models import RunSpec
-
-
-class InvalidSpec(ValueError):
-    """The request itself is unusable (bad path, bad base64, too large)."""
-
-
-def check_relpath(path: str, what: str) -> None:
-    """A path relative to the work dir: no absolute paths, '..', '.', empty parts, NULs."""
-    if not path or "\0" in path or "\\" in path:
-        raise InvalidSpec(f"{what} {path!r} is not a valid path")
-    if path.startswith("/"):
-        raise InvalidSpec(f"{what} {path!r} must be relative to the work dir")
-    if any(part in ("", ".", "..") for part in path.split("/")):
-        raise InvalidSpec(f"{what} {path!r} must not contain '', '.' or '..' components")
-    if len(path) > 1024:
-        raise InvalidSpec(f"{what} path is longer than 1024 characters")
+from runtimes.workfiles import InvalidSpec, check_relpath
 
 
 def decode_files(spec: RunSpec, *, max_bytes: int) -> dict[str, bytes]:

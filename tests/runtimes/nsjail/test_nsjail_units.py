@@ -17,9 +17,10 @@ from runtimes.nsjail import NsjailConfig, NsjailRuntime
 from runtimes.nsjail.cgroups import CgroupMode, CgroupSetup
 from runtimes.nsjail.command import JailCommand
 from runtimes.nsjail.languages import BUILTIN, StagePlan, plan
-from runtimes.nsjail.request import InvalidSpec, check, output_cap, zygote_memory_mb
+from runtimes.nsjail.request import check, output_cap, zygote_memory_mb
 from runtimes.nsjail.results import classify
 from runtimes.nsjail.seccomp import kafel_policy
+from runtimes.workfiles import InvalidSpec
 
 REQUIRED_DENIED = {
     "ptrace", "mount", "umount", "kexec_load", "kexec_file_load", "bpf", "perf_event_open",
