@@ -18,7 +18,6 @@ import secrets
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,28 +27,13 @@ from typing import Any
 
 import httpx
 from httpload import load
+from stats import latency_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
-
-
 def summary(latencies_ms: list[float], wall_s: float, errors: int) -> dict[str, Any]:
-    return {
-        "n": len(latencies_ms),
-        "errors": errors,
-        "p50_ms": round(percentile(latencies_ms, 50), 3),
-        "p90_ms": round(percentile(latencies_ms, 90), 3),
-        "p99_ms": round(percentile(latencies_ms, 99), 3),
-        "mean_ms": round(statistics.fmean(latencies_ms), 3) if latencies_ms else None,
-        "throughput_per_s": round(len(latencies_ms) / wall_s, 1) if wall_s else None,
-    }
+    return latency_summary(latencies_ms, wall_s=wall_s, errors=errors)
 
 
 # --- the server -----------------------------------------------------------------------------

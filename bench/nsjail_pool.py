@@ -13,29 +13,18 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import time
 from typing import Any
+
+from stats import latency_summary
 
 from runtimes.models import RunSpec
 from runtimes.nsjail import NsjailConfig, NsjailRuntime
 from runtimes.nsjail.command import JailCommand
 
 
-def summary(samples_ms: list[float]) -> dict[str, float]:
-    ordered = sorted(samples_ms)
-
-    def pct(p: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))], 2)
-
-    return {
-        "n": len(ordered),
-        "p50_ms": pct(50),
-        "p90_ms": pct(90),
-        "p99_ms": pct(99),
-        "mean_ms": round(statistics.fmean(ordered), 2),
-        "max_ms": round(ordered[-1], 2),
-    }
+def summary(samples_ms: list[float]) -> dict[str, Any]:
+    return latency_summary(samples_ms)
 
 
 async def bench_pool(runtime: NsjailRuntime, n: int) -> dict[str, Any]:

@@ -22,13 +22,14 @@ import base64
 import contextlib
 import json
 import shutil
-import statistics
 import subprocess
 import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+
+from stats import latency_summary
 
 from runtimes.models import RunSpec
 from runtimes.wasm import WasmConfig, WasmRuntime
@@ -40,20 +41,8 @@ int main(void) { printf("%d\n", fib(20)); return 0; }
 """
 
 
-def summary(samples_ms: list[float]) -> dict[str, float]:
-    ordered = sorted(samples_ms)
-
-    def pct(p: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))], 2)
-
-    return {
-        "n": len(ordered),
-        "p50_ms": pct(50),
-        "p90_ms": pct(90),
-        "p99_ms": pct(99),
-        "mean_ms": round(statistics.fmean(ordered), 2),
-        "max_ms": round(ordered[-1], 2),
-    }
+def summary(samples_ms: list[float]) -> dict[str, Any]:
+    return latency_summary(samples_ms)
 
 
 async def wait_warm(rt: WasmRuntime, want: int, timeout: float = 10.0) -> None:
