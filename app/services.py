@@ -24,6 +24,8 @@ from app.dispatch.inprocess import InProcessDispatcher
 from app.dispatch.redis_streams import RedisStreamsDispatcher
 from app.errors import Conflict
 from app.execution import Executor
+from app.functions.artifacts import ArtifactCache
+from app.functions.schema import Validators
 from app.http.auth import Authenticator
 from app.metrics import Metrics
 from app.quotas.admission import Admission
@@ -52,6 +54,10 @@ class Services:
     executor: Executor
     redis: Redis | None = None
     node: NodeAgent | None = None
+    #: Per-process caches of the tool-function path: artifacts by (tenant, hash), and
+    #: compiled input-schema validators by (immutable) function version.
+    artifacts: ArtifactCache = field(default_factory=ArtifactCache)
+    validators: Validators = field(default_factory=Validators)
     gauges: dict[str, dict[str, float]] = field(default_factory=dict)
 
     async def refresh_gauges(self) -> None:

@@ -107,6 +107,3 @@ class ArtifactCache:
             while self._size > self._max:
                 _, old = self._items.popitem(last=False)
                 self._size -= len(old)
-
-
-ARTIFACTS = ArtifactCache()

@@ -2,7 +2,7 @@
 before every invocation, so bad input never reaches a node.
 
 Validators are built once per function version (versions are immutable) and kept in a
-small LRU. Remote ``$ref`` is never fetched: jsonschema's default registry resolves only
+small LRU (``Validators``, one per process, owned by the app's services). Remote ``$ref`` is never fetched: jsonschema's default registry resolves only
 references inside the schema itself.
 """
 
@@ -57,14 +57,13 @@ class Validators:
             return validator
 
 
-VALIDATORS = Validators()
-
-
-def validate_input(version_id: str, schema: dict[str, Any], value: Any) -> None:
+def validate_input(
+    validators: Validators, version_id: str, schema: dict[str, Any], value: Any
+) -> None:
     """Raise ``InputValidationFailed`` naming each failing field (a JSON path)."""
     if not schema:
         return
-    validator = VALIDATORS.get(version_id, schema)
+    validator = validators.get(version_id, schema)
     try:
         errors = sorted(validator.iter_errors(value), key=lambda e: list(map(str, e.path)))
     except Unresolvable as exc:

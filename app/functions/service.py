@@ -97,10 +97,11 @@ class Target:
     version: FunctionVersion
     driver: Driver
     artifact: bytes
+    validators: schema.Validators
 
     def spec(self, value: Any) -> RunSpec:
         """Validate ``value`` against the input schema, then build the run."""
-        schema.validate_input(self.version.id, self.version.input_schema, value)
+        schema.validate_input(self.validators, self.version.id, self.version.input_schema, value)
         limits = self.version.limits
         return drivers.build_spec(
             language=self.version.language,
@@ -122,13 +123,20 @@ async def target(services: Any, principal: Principal, *, name: str, ref: str | N
     async with services.sessions() as session:
         fn = await repo.get(session, tenant_id=tenant_id, name=name)
         version = await repo.resolve(session, fn, ref)
-        data = artifacts.ARTIFACTS.get(tenant_id, version.content_hash)
+        cache = services.artifacts
+        data = cache.get(tenant_id, version.content_hash)
         if data is None:
             data = await repo.artifact(
                 session, tenant_id=tenant_id, content_hash=version.content_hash
             )
-            artifacts.ARTIFACTS.put(tenant_id, version.content_hash, data)
-    return Target(name=fn.name, version=version, driver=driver_for(version.language), artifact=data)
+            cache.put(tenant_id, version.content_hash, data)
+    return Target(
+        name=fn.name,
+        version=version,
+        driver=driver_for(version.language),
+        artifact=data,
+        validators=services.validators,
+    )
 
 
 async def invoke(services: Any, principal: Principal, target: Target, value: Any) -> InvokeResponse:
