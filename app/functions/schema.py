@@ -2,8 +2,9 @@
 before every invocation, so bad input never reaches a node.
 
 Validators are built once per function version (versions are immutable) and kept in a
-small LRU (``Validators``, one per process, owned by the app's services). Remote ``$ref`` is never fetched: jsonschema's default registry resolves only
-references inside the schema itself.
+small LRU (``Validators``, one per process, owned by the app's services). Remote ``$ref``
+is never fetched: jsonschema's default registry resolves only references inside the
+schema itself.
 """
 
 from __future__ import annotations
