@@ -10,21 +10,23 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import httpx
 from pydantic import ValidationError
 
-from app.settings import Settings
+if TYPE_CHECKING:  # server settings are imported by the command that needs them
+    from app.settings import Settings
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 
 
 def _settings(**overrides: Any) -> Settings:
+    from app.settings import Settings
+
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
@@ -94,26 +96,25 @@ def _serve(settings: Settings, *, with_node: bool, log_level: str) -> None:
 @main.command()
 @_log
 @click.option("--slots", type=int, default=None, help="Executions at once [CORRAL_NODE_SLOTS].")
-def node(log_level: str, slots: int | None) -> None:
-    """Run a node agent (data plane) alone: it takes work from CORRAL_REDIS_URL, runs it on
-    its backends (CORRAL_RUNTIMES) and stores results in CORRAL_DATABASE_URL."""
-    settings = _settings(node_slots=slots)
+@click.option(
+    "--node-port", type=int, default=None, help="Port of /healthz and /metrics [CORRAL_NODE_PORT]."
+)
+def node(log_level: str, slots: int | None, node_port: int | None) -> None:
+    """Run a node agent (data plane) alone. It needs only CORRAL_REDIS_URL: it takes work
+    from there, runs it on its backends (CORRAL_RUNTIMES) and reports results there; it
+    holds no database URL and no admin key. /healthz and /metrics on CORRAL_NODE_PORT."""
+    from runtimes.node.main import run_node
+    from runtimes.node.settings import NodeSettings
+
+    overrides: dict[str, Any] = {"node_slots": slots, "node_port": node_port}
+    try:
+        settings = NodeSettings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        raise click.UsageError("; ".join(e["msg"] for e in exc.errors())) from None
     if not settings.redis_url:
         raise click.UsageError("a separate node needs CORRAL_REDIS_URL to reach the gateways")
     _logging(log_level)
-    asyncio.run(_run_node(settings))
-
-
-async def _run_node(settings: Settings) -> None:
-    from app.metrics import Metrics
-    from app.services import open_services
-
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    async with open_services(settings, metrics=Metrics(), with_node=True):
-        await stop.wait()
+    asyncio.run(run_node(settings))
 
 
 # --- database -----------------------------------------------------------------------------

@@ -35,14 +35,27 @@ class Metrics:
             ["kind", "status"],
             registry=self.registry,
         )
-        self.node_executions = Counter(
-            "corral_node_executions_total",
-            "Executions stored by this process's node agent, by runtime and status.",
-            ["runtime", "status"],
+        self.dispatch_failures = Counter(
+            "corral_dispatch_failures_total",
+            "Jobs committed but not dispatched at once (the reconciler sends them).",
+            registry=self.registry,
+        )
+        self.recorder = Counter(
+            "corral_recorder_events_total",
+            "Node results by what the recorder did: stored, superseded (an older claim or a "
+            "final row), retried (a write failed and is tried again).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.reconciler = Counter(
+            "corral_reconciler_total",
+            "Reconciler passes and what they did: reissued (handed out again), failed (lost).",
+            ["action"],
             registry=self.registry,
         )
         self._gauges = _Gauges()
         self.registry.register(self._gauges)
+        self._others: list[CollectorRegistry] = []
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         self.requests.labels(method, route, str(status)).inc()
@@ -52,8 +65,12 @@ class Metrics:
         """Register a gauge family read from ``source()`` at scrape time."""
         self._gauges.add(name, doc, source, label)
 
+    def include(self, registry: CollectorRegistry) -> None:
+        """Serve another registry's metrics too (an embedded node's)."""
+        self._others.append(registry)
+
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return b"".join(generate_latest(r) for r in (self.registry, *self._others))
 
 
 class _Gauges(Collector):

@@ -1,14 +1,17 @@
-"""Everything a running Corral process holds, built and released by the app lifespan.
+"""Everything a gateway process holds, built and released by the app lifespan.
 
-``open_services`` enters each resource on an ``AsyncExitStack``, so whatever was
-opened is closed again, in reverse order, however start-up or shutdown ends.
+``open_services`` enters each resource on an ``AsyncExitStack``, so whatever was opened
+is closed again, in reverse order, however start-up or shutdown ends: an embedded node
+drains first, then the recorder stores what it drained, then the writer commits what is
+queued, then connections close.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,25 +22,37 @@ from app.db import tenants
 from app.db.engine import make_engine, make_sessionmaker
 from app.db.migrate import upgrade
 from app.db.writer import BatchWriter
-from app.dispatch.base import Dispatcher
-from app.dispatch.inprocess import InProcessDispatcher
-from app.dispatch.redis_streams import RedisStreamsDispatcher
+from app.dispatch.inprocess import InProcessTransport
+from app.dispatch.redis import RedisGatewayTransport
+from app.dispatch.transport import GatewayTransport
 from app.errors import Conflict
-from app.execution import Executor
+from app.failpoints import Failpoints
 from app.functions.artifacts import ArtifactCache
 from app.functions.schema import Validators
 from app.http.auth import Authenticator
+from app.invocations.leader import election_for
+from app.invocations.reconciler import Policy, Reconciler
+from app.invocations.recorder import Recorder
+from app.invocations.service import Invocations, Timing
+from app.invocations.waiters import Waiters
 from app.metrics import Metrics
+from app.placement.best_of_k import BestOfK
+from app.placement.catalogue import Catalogue
 from app.quotas.admission import Admission
 from app.quotas.counters import MemoryCounters, QuotaCounters
 from app.quotas.cpu import CpuUsage
-from app.quotas.model import QuotaLimits
 from app.quotas.redis_counters import RedisCounters
 from app.settings import Settings
-from runtimes import registry
-from runtimes.node import NodeAgent
+from runtimes.node.agent import NodeAgent
+from runtimes.node.main import running_node
+from runtimes.node.metrics import NodeMetrics
+from runtimes.node.redis import RedisNodeTransport
+from runtimes.node.transport import NodeTransport
 
 log = logging.getLogger(__name__)
+
+#: How long, at shutdown, the recorder may take to store what it still holds.
+_DRAIN_TIMEOUT_S = 15.0
 
 
 @dataclass
@@ -46,12 +61,15 @@ class Services:
     metrics: Metrics
     engine: AsyncEngine
     sessions: async_sessionmaker[Any]
-    dispatcher: Dispatcher
+    writer: BatchWriter
+    transport: GatewayTransport
     counters: QuotaCounters
     admission: Admission
     authenticator: Authenticator
-    writer: BatchWriter
-    executor: Executor
+    invocations: Invocations
+    catalogue: Catalogue
+    recorder: Recorder
+    reconciler: Reconciler
     redis: Redis | None = None
     node: NodeAgent | None = None
     #: Per-process caches of the tool-function path: artifacts by (tenant, hash), and
@@ -62,8 +80,11 @@ class Services:
 
     async def refresh_gauges(self) -> None:
         """Read the asynchronous gauges (queue depth) before a scrape."""
+        nodes = await self.catalogue.nodes()
+        runtimes = sorted({rt for node in nodes for rt in node.runtimes})
+        backlog = await self.transport.backlog(runtimes) if runtimes else {}
         self.gauges["queue"] = {
-            "dispatch": float(await self.dispatcher.queue_depth()),
+            "dispatch": float(sum(backlog.values())),
             "admission": float(await self.counters.waiting()),
         }
 
@@ -84,79 +105,187 @@ async def open_services(
         stack.push_async_callback(writer.close)
 
         redis: Redis | None = None
-        dispatcher: Dispatcher
+        transport: GatewayTransport
+        node_transport: NodeTransport
         counters: QuotaCounters
         if settings.redis_url:
             redis = Redis.from_url(settings.redis_url, decode_responses=True)
             stack.push_async_callback(redis.aclose)
-            dispatcher = RedisStreamsDispatcher(
-                redis,
-                runtimes=registry.names(),
-                node_dead_after_s=settings.node_dead_after_seconds,
+            transport = RedisGatewayTransport(redis, dead_after_s=settings.node_dead_after_seconds)
+            node_transport = RedisNodeTransport(
+                redis, dead_after_s=settings.node_dead_after_seconds
             )
             counters = RedisCounters(redis)
         else:
-            dispatcher = InProcessDispatcher()
+            in_process = InProcessTransport(dead_after_s=settings.node_dead_after_seconds)
+            transport = node_transport = in_process
             counters = MemoryCounters()
-        await dispatcher.start()
-        stack.push_async_callback(dispatcher.close)
+        await transport.start()
+        stack.push_async_callback(transport.close)
         stack.push_async_callback(counters.close)
 
+        failpoints = Failpoints(settings.failpoints if settings.dev_mode else {})
+        waiters = Waiters()
+        stack.callback(waiters.close)
         admission = Admission(
             counters,
             CpuUsage(sessions),
             queue_seconds=settings.admission_queue_seconds,
             queue_depth=settings.admission_queue_depth,
         )
+        catalogue = Catalogue(transport, refresh_s=settings.catalogue_seconds)
+        placement = BestOfK(
+            catalogue, k=settings.placement_choices, max_queued=settings.max_queued_per_runtime
+        )
+        timing = Timing(
+            wait_grace_s=settings.result_wait_grace_seconds,
+            hold_s=settings.hold_seconds,
+            queue_s=settings.queue_seconds,
+        )
+        recorder = Recorder(
+            transport=transport,
+            writer=writer,
+            waiters=waiters,
+            metrics=metrics,
+            failpoints=failpoints,
+        )
+        election = election_for(engine)
+        stack.push_async_callback(election.close)
+        reconciler = Reconciler(
+            sessions=sessions,
+            writer=writer,
+            transport=transport,
+            recorder=recorder,
+            election=election,
+            metrics=metrics,
+            policy=Policy(
+                grace_s=settings.reconcile_grace_seconds,
+                stuck_grace_s=settings.stuck_grace_seconds,
+                max_attempts=settings.max_attempts,
+                timing=timing,
+            ),
+            interval_s=settings.reconcile_seconds,
+        )
+        invocations = Invocations(
+            sessions=sessions,
+            writer=writer,
+            transport=transport,
+            placement=placement,
+            admission=admission,
+            waiters=waiters,
+            metrics=metrics,
+            timing=timing,
+            failpoints=failpoints,
+        )
+        stack.push_async_callback(invocations.close)
         services = Services(
             settings=settings,
             metrics=metrics,
             engine=engine,
             sessions=sessions,
-            dispatcher=dispatcher,
+            writer=writer,
+            transport=transport,
             counters=counters,
             admission=admission,
             authenticator=Authenticator(
                 sessions,
                 admin_key=settings.admin_key.get_secret_value() if settings.admin_key else None,
                 cache_seconds=settings.auth_cache_seconds,
+                default_quota=settings.quota.limits(),
                 default_tenant=settings.default_tenant,
                 default_loopback_only=settings.default_tenant_loopback_only,
             ),
-            writer=writer,
-            executor=Executor(
-                sessions=sessions,
-                writer=writer,
-                dispatcher=dispatcher,
-                admission=admission,
-                metrics=metrics,
-                wait_grace_s=settings.result_wait_grace_seconds,
-            ),
+            invocations=invocations,
+            catalogue=catalogue,
+            recorder=recorder,
+            reconciler=reconciler,
             redis=redis,
         )
-        metrics.gauge(
-            "corral_db_writer",
-            "Group-commit writer: writes, batches (transactions) and seconds spent committing.",
-            lambda: {
-                "writes": float(writer.writes),
-                "batches": float(writer.batches),
-                "commit_seconds": writer.commit_seconds,
-            },
-            "counter",
+        _register_gauges(services)
+
+        _keep(stack, recorder.run, "corral-recorder", finally_=_drain(recorder, transport))
+        _keep(
+            stack,
+            lambda: _keep_alive(transport, settings.heartbeat_seconds),
+            "corral-gateway-alive",
         )
-        metrics.gauge(
-            "corral_queue_depth",
-            "Work waiting: in dispatch, or in admission queues.",
-            lambda: services.gauges.get("queue", {}),
-            "queue",
-        )
+        _keep(stack, reconciler.run, "corral-reconciler")
         if settings.default_tenant:
             await ensure_tenant(sessions, settings.default_tenant, settings)
         if with_node:
+            node_metrics = NodeMetrics()
+            metrics.include(node_metrics.registry)
             services.node = await stack.enter_async_context(
-                running_node(settings, dispatcher, sessions, writer, metrics)
+                running_node(settings.node, node_transport, metrics=node_metrics, serve_http=False)
             )
         yield services
+
+
+def _keep(
+    stack: contextlib.AsyncExitStack,
+    loop: Callable[[], Coroutine[Any, Any, None]],
+    name: str,
+    *,
+    finally_: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Run ``loop`` as a task until the stack unwinds; then cancel it (and run ``finally_``)."""
+    task = asyncio.create_task(loop(), name=name)
+
+    async def stop() -> None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        if finally_ is not None:
+            await finally_()
+
+    stack.push_async_callback(stop)
+
+
+def _drain(recorder: Recorder, transport: GatewayTransport) -> Callable[[], Awaitable[None]]:
+    async def drain() -> None:
+        entries = transport.drain()
+        if entries:
+            try:
+                await asyncio.wait_for(recorder.record(entries), _DRAIN_TIMEOUT_S)
+            except TimeoutError:
+                log.error("recorder: %d results not stored at shutdown", len(entries))
+
+    return drain
+
+
+async def _keep_alive(transport: GatewayTransport, period_s: float) -> None:
+    while True:
+        try:
+            await transport.keep_alive()
+        except Exception as exc:
+            log.warning("gateway %s: keep-alive failed: %r", transport.gateway_id, exc)
+        await asyncio.sleep(period_s)
+
+
+def _register_gauges(services: Services) -> None:
+    writer = services.writer
+    services.metrics.gauge(
+        "corral_db_writer",
+        "Group-commit writer: writes, batches (transactions) and seconds spent committing.",
+        lambda: {
+            "writes": float(writer.writes),
+            "batches": float(writer.batches),
+            "commit_seconds": writer.commit_seconds,
+        },
+        "counter",
+    )
+    services.metrics.gauge(
+        "corral_queue_depth",
+        "Work waiting: in dispatch (overflow streams), or in admission queues.",
+        lambda: services.gauges.get("queue", {}),
+        "queue",
+    )
+    services.metrics.gauge(
+        "corral_reconciler_leading",
+        "1 when this gateway runs the reconciler.",
+        lambda: {"leading": float(services.reconciler.leading)},
+        "state",
+    )
 
 
 async def ensure_tenant(sessions: async_sessionmaker[Any], name: str, settings: Settings) -> None:
@@ -166,50 +295,8 @@ async def ensure_tenant(sessions: async_sessionmaker[Any], name: str, settings: 
             return
         try:
             tenant, _key, _plaintext = await tenants.create_tenant(
-                session, name=name, quota=QuotaLimits.from_defaults(settings.quota)
+                session, name=name, quota=settings.quota.limits()
             )
         except Conflict:  # another process made it first
             return
     log.info("default tenant %s (%s) created for keyless requests", name, tenant.id)
-
-
-@contextlib.asynccontextmanager
-async def running_node(
-    settings: Settings,
-    dispatcher: Dispatcher,
-    sessions: async_sessionmaker[Any],
-    writer: BatchWriter,
-    metrics: Metrics,
-) -> AsyncIterator[NodeAgent]:
-    """A node agent with its runtimes started; closed (drained) on exit."""
-    runtimes = {}
-    agent: NodeAgent | None = None
-    try:
-        for name in settings.runtimes:
-            runtimes[name] = registry.create(name, settings)
-        agent = NodeAgent(
-            settings,
-            dispatcher,
-            sessions,
-            writer,
-            runtimes,
-            on_result=lambda rt, status: metrics.node_executions.labels(rt, status).inc(),
-        )
-        metrics.gauge(
-            "corral_pool_workers",
-            "Warm-pool workers on this node by runtime and state.",
-            lambda: {
-                f"{rt}:{state}": float(n)
-                for rt, counts in agent.stats().items()
-                for state, n in counts.items()
-            },
-            "pool",
-        )
-        await agent.start()
-        yield agent
-    finally:
-        if agent is not None:
-            await agent.close()
-        else:
-            for runtime in runtimes.values():
-                await runtime.close()

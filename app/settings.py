@@ -7,33 +7,25 @@ passed down; nothing reads configuration at import time.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Self
+from typing import Self
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from app.quotas.spec import QuotaDefaults
+from runtimes.node.settings import NodeSettings
 
 #: Admin keys that are refused outside dev mode.
 WEAK_ADMIN_KEYS = frozenset({"", "admin", "changeme", "changethis", "secret", "password", "corral"})
 MIN_ADMIN_KEY_LENGTH = 24
 
 
-class QuotaDefaults(BaseSettings):
-    """Quotas given to a new tenant unless the admin says otherwise."""
-
-    model_config = SettingsConfigDict(env_prefix="CORRAL_QUOTA_", extra="ignore")
-
-    max_concurrent_executions: int = Field(16, ge=1)
-    max_concurrent_sandboxes: int = Field(8, ge=0)
-    executions_per_second: float = Field(200.0, gt=0)
-    burst: int = Field(400, ge=1, description="token-bucket size for executions_per_second")
-    cpu_seconds_per_day: float = Field(86_400.0, gt=0)
-    max_memory_mb: int = Field(1024, ge=16)
-    max_wall_seconds: float = Field(60.0, gt=0)
-    max_sandbox_lifetime_seconds: int = Field(3600, ge=1)
-
-
 class Settings(BaseSettings):
-    """Everything configurable about a Corral process (gateway, node or both)."""
+    """Everything configurable about a gateway (the control plane).
+
+    ``node`` holds the settings of the node agent that ``corral serve`` embeds; a
+    separate ``corral node`` reads ``runtimes.node.settings.NodeSettings`` alone.
+    """
 
     model_config = SettingsConfigDict(env_prefix="CORRAL_", extra="ignore")
 
@@ -74,33 +66,58 @@ class Settings(BaseSettings):
         1024, ge=0, description="Per-tenant bound on work waiting for a concurrency slot."
     )
 
-    # --- dispatch and node -------------------------------------------------------------
-    node_id: str | None = Field(None, description="Default: hostname-pid.")
-    node_slots: int = Field(8, ge=1, description="Executions a node runs at once.")
-    runtimes: list[str] = Field(
-        default_factory=lambda: ["nsjail", "wasm"], description="Backends this node starts."
-    )
-    heartbeat_seconds: float = Field(2.0, gt=0)
+    # --- dispatch, placement and the lifecycle --------------------------------------
+    heartbeat_seconds: float = Field(1.0, gt=0, description="How often a gateway reports.")
     node_dead_after_seconds: float = Field(
-        6.0, gt=0, description="A node silent this long is dead; its work is reclaimed."
+        6.0,
+        gt=0,
+        description="A node or gateway silent this long is dead: its work is handed out "
+        "again, its results stream adopted.",
     )
     max_attempts: int = Field(
-        2, ge=1, description="Deliveries of one execution before it is failed as lost."
+        2,
+        ge=1,
+        description="Hand-outs of an execution that started on a node before it is failed "
+        "as lost instead of run again.",
     )
     result_wait_grace_seconds: float = Field(
         15.0, ge=0, description="Extra wait, beyond the execution's own limits, for a result."
     )
+    placement_choices: int = Field(3, ge=1, description="Nodes sampled per placement (best of k).")
+    catalogue_seconds: float = Field(
+        0.5, gt=0, description="How long the gateway trusts its copy of the node reports."
+    )
+    max_queued_per_runtime: int = Field(
+        10_000,
+        ge=1,
+        description="Work waiting for any node of a runtime before new work gets 503 no_capacity.",
+    )
+    queue_seconds: float = Field(
+        600.0,
+        gt=0,
+        description="How long work may wait for a node before it is handed out again.",
+    )
+    reconcile_seconds: float = Field(1.0, gt=0, description="Period of the reconciler.")
+    reconcile_grace_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="Age of an open invocation before the reconciler judges its hand-out.",
+    )
+    stuck_grace_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="A claimed execution still open this long past its own time limits is "
+        "treated as lost, even on a live node.",
+    )
+    failpoints: dict[str, str] = Field(
+        default_factory=dict,
+        description="Dev mode only: faults to inject at named points (app/failpoints.py), "
+        'e.g. CORRAL_FAILPOINTS=\'{"invocations.after_commit": "kill"}\'.',
+    )
 
     quota: QuotaDefaults = Field(default_factory=QuotaDefaults)
-    wasm: dict[str, Any] = Field(
-        default_factory=dict,
-        description="Overrides for the wasm backend (runtimes/wasm/config.py), as JSON: "
-        "e.g. CORRAL_WASM='{\"warm_per_language\": 2}'.",
-    )
-    nsjail: dict[str, Any] = Field(
-        default_factory=dict,
-        description="Overrides for the nsjail backend (runtimes/nsjail/config.py), as JSON: "
-        'e.g. CORRAL_NSJAIL=\'{"max_jails": 64, "warm_per_language": 2}\'.',
+    node: NodeSettings = Field(
+        default_factory=NodeSettings, description="The node agent `corral serve` embeds."
     )
 
     @model_validator(mode="after")
@@ -113,8 +130,8 @@ class Settings(BaseSettings):
                 "CORRAL_ADMIN_KEY must be set to a random string of at least "
                 f"{MIN_ADMIN_KEY_LENGTH} characters (or set CORRAL_DEV_MODE=1 for development)"
             )
-        if "fake" in self.runtimes:
-            raise ValueError("the fake runtime is for tests only; it needs CORRAL_DEV_MODE=1")
+        if self.failpoints:
+            raise ValueError("CORRAL_FAILPOINTS needs CORRAL_DEV_MODE=1")
         return self
 
     @property
@@ -128,10 +145,7 @@ class Settings(BaseSettings):
         return url
 
     @property
-    def resolved_node_id(self) -> str:
-        if self.node_id:
-            return self.node_id
-        import os
-        import socket
-
-        return f"{socket.gethostname()}-{os.getpid()}"
+    def hold_seconds(self) -> float:
+        """How long a claimed dispatch marker outlives the execution's own limits: past the
+        point where the reconciler treats it as stuck."""
+        return self.stuck_grace_seconds * 2

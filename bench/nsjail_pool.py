@@ -18,9 +18,9 @@ from typing import Any
 
 from stats import latency_summary
 
-from runtimes.models import RunSpec
 from runtimes.nsjail import NsjailConfig, NsjailRuntime
 from runtimes.nsjail.command import JailCommand
+from wire.execution import RunSpec
 
 
 def summary(samples_ms: list[float]) -> dict[str, Any]:

@@ -31,8 +31,8 @@ from typing import Any
 
 from stats import latency_summary
 
-from runtimes.models import RunSpec
 from runtimes.wasm import WasmConfig, WasmRuntime
+from wire.execution import RunSpec
 
 C_FIB = r"""
 #include <stdio.h>

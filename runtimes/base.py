@@ -4,7 +4,7 @@ A backend is to Corral what a transport is to httpx: one small abstract class, m
 implementations registered by name (``runtimes.registry``), and an in-process fake
 (``runtimes.fake``) for unit tests.
 
-Lifecycle: the node agent constructs a backend from the settings, ``await start()``
+Lifecycle: the node agent constructs a backend from its settings, ``await start()``
 warms its pools before any request arrives, ``await run(...)`` executes one stateless
 call, and ``await close()`` releases every process, mount and cgroup it holds. ``close``
 must be safe to call after a failed ``start``.
@@ -16,7 +16,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import ClassVar
 
-from runtimes.models import LanguageInfo, RunResult, RunSpec
+from runtimes.pools.accounting import IdleCapacity
+from wire.execution import LanguageInfo, RunResult, RunSpec
 
 
 class Runtime(ABC):
@@ -43,6 +44,14 @@ class Runtime(ABC):
 
     def stats(self) -> dict[str, int]:
         """Pool gauges for metrics, e.g. ``{"warm": 4, "busy": 1, "starting": 0}``."""
+        return {}
+
+    def inventory(self) -> dict[str, int]:
+        """Idle warm workers by pool (``wire.messages.pool_key``), for placement."""
+        return {}
+
+    def idle_capacity(self) -> dict[str, IdleCapacity]:
+        """Idle capacity each pool held since the previous call (the platform's cost)."""
         return {}
 
     @abstractmethod

@@ -2,37 +2,43 @@
 
 The ``code`` of a ``fake`` execution is a JSON object that says what the "program"
 does: ``{"stdout": "hi", "stderr": "", "exit": 0, "sleep": 0.5, "crash": false}``.
-It needs CORRAL_DEV_MODE and is never started in production.
+It needs CORRAL_DEV_MODE and is never started in production. With ``run_log`` set
+(``CORRAL_FAKE='{"run_log": PATH}'``) every run appends its invocation id to that file,
+so that tests can count how often an execution really ran, across processes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from runtimes import registry
 from runtimes.base import Runtime
-from runtimes.models import LanguageInfo, RunResult, RunSpec, StageResult, StageStatus
+from wire.execution import LanguageInfo, RunResult, RunSpec, StageResult, StageStatus
 
 if TYPE_CHECKING:
-    from app.settings import Settings
+    from runtimes.node.settings import NodeSettings
 
 
 class FakeRuntime(Runtime):
     name = "fake"
 
-    def __init__(self) -> None:
+    def __init__(self, *, run_log: str | None = None) -> None:
         self.calls: list[tuple[str, str]] = []
         self.closed = False
+        self._run_log = run_log
 
     def languages(self) -> Sequence[LanguageInfo]:
         return [LanguageInfo(name="fake", runtime=self.name, version="1")]
 
     async def run(self, spec: RunSpec, *, tenant_id: str, invocation_id: str) -> RunResult:
         self.calls.append((tenant_id, invocation_id))
+        if self._run_log:
+            _append_line(self._run_log, invocation_id)
         try:
             program: dict[str, Any] = json.loads(spec.code or "{}")
         except json.JSONDecodeError:
@@ -62,8 +68,17 @@ class FakeRuntime(Runtime):
         self.closed = True
 
 
-def _factory(settings: Settings) -> Runtime:
-    return FakeRuntime()
+def _append_line(path: str, line: str) -> None:
+    """One ``write`` on an O_APPEND descriptor: lines of concurrent writers never mix."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{line}\n".encode())
+    finally:
+        os.close(fd)
+
+
+def _factory(settings: NodeSettings) -> Runtime:
+    return FakeRuntime(run_log=settings.fake.get("run_log"))
 
 
 registry.register(FakeRuntime.name, _factory)

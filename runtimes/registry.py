@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 from runtimes.base import Runtime
 
 if TYPE_CHECKING:
-    from app.settings import Settings
+    from runtimes.node.settings import NodeSettings
 
-RuntimeFactory = Callable[["Settings"], Runtime]
+RuntimeFactory = Callable[["NodeSettings"], Runtime]
 
 _FACTORIES: dict[str, RuntimeFactory] = {}
 
@@ -34,7 +34,7 @@ def names() -> list[str]:
     return sorted(_FACTORIES)
 
 
-def create(name: str, settings: Settings) -> Runtime:
+def create(name: str, settings: NodeSettings) -> Runtime:
     _load_builtins()
     try:
         factory = _FACTORIES[name]

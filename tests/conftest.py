@@ -20,6 +20,7 @@ from starlette.testclient import TestClient
 
 from app.main import create_app
 from app.settings import Settings
+from runtimes.node.settings import NodeSettings
 
 ADMIN_KEY = "test-admin-key-" + "x" * 24
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -71,16 +72,38 @@ def redis_url() -> Iterator[str]:
         client.close()
 
 
+#: Settings of the node agent a test gateway embeds (the rest are the gateway's).
+NODE_ONLY = frozenset(NodeSettings.model_fields) - frozenset(Settings.model_fields)
+
+
+def node_settings(data_dir: Path, **overrides: Any) -> NodeSettings:
+    values: dict[str, Any] = {
+        "dev_mode": True,
+        "data_dir": data_dir,
+        "runtimes": ["fake"],
+        "heartbeat_seconds": 0.2,
+        "node_dead_after_seconds": 1.0,
+        "node_port": None,
+    }
+    return NodeSettings(**(values | overrides))
+
+
 @pytest.fixture
 def make_settings(tmp_path: Path) -> Callable[..., Settings]:
+    """Gateway settings for tests; node-only settings (``runtimes``, ``node_slots``, ...)
+    go to the embedded node's settings."""
+
     def make(**overrides: Any) -> Settings:
+        node = {k: overrides.pop(k) for k in list(overrides) if k in NODE_ONLY}
+        data_dir = overrides.get("data_dir", tmp_path / "data")
         values: dict[str, Any] = {
             "dev_mode": True,
             "admin_key": ADMIN_KEY,
-            "data_dir": tmp_path / "data",
-            "runtimes": ["fake"],
+            "data_dir": data_dir,
             "heartbeat_seconds": 0.2,
             "node_dead_after_seconds": 1.0,
+            "reconcile_seconds": 0.2,
+            "node": node_settings(data_dir, **node),
         }
         values.update(overrides)
         return Settings(**values)

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from app.cli import main
 from app.main import create_app
 from app.settings import MIN_ADMIN_KEY_LENGTH, Settings
+from runtimes.node.settings import NodeSettings
 from tests.conftest import ADMIN_KEY
 
 STRONG_KEY = "k3y-" + "Zq8" * 10
@@ -305,18 +306,25 @@ def test_run_usage_and_request_errors(server_url: str, api_key: str) -> None:
 )
 def test_settings_refuse_a_weak_admin_key_outside_dev_mode(admin_key: str | None) -> None:
     with pytest.raises(ValidationError, match="CORRAL_ADMIN_KEY must be set"):
-        Settings(dev_mode=False, admin_key=admin_key, runtimes=["nsjail"])
+        Settings(dev_mode=False, admin_key=admin_key)
 
 
-def test_settings_refuse_the_fake_runtime_outside_dev_mode() -> None:
+def test_node_settings_refuse_the_fake_runtime_outside_dev_mode() -> None:
     with pytest.raises(ValidationError, match="fake runtime is for tests only"):
-        Settings(dev_mode=False, admin_key=STRONG_KEY, runtimes=["fake"])
+        NodeSettings(dev_mode=False, runtimes=["fake"])
     with pytest.raises(ValidationError, match="fake runtime"):
-        Settings(dev_mode=False, admin_key=STRONG_KEY, runtimes=["nsjail", "fake"])
+        NodeSettings(dev_mode=False, runtimes=["nsjail", "fake"])
+    assert NodeSettings(dev_mode=True, runtimes=["fake"]).runtimes == ["fake"]
+
+
+def test_failpoints_need_dev_mode() -> None:
+    with pytest.raises(ValidationError, match="CORRAL_FAILPOINTS needs CORRAL_DEV_MODE"):
+        Settings(dev_mode=False, admin_key=STRONG_KEY, failpoints={"x": "kill"})
+    assert Settings(dev_mode=True, failpoints={"x": "kill"}).failpoints == {"x": "kill"}
 
 
 def test_settings_accept_a_strong_admin_key() -> None:
-    settings = Settings(dev_mode=False, admin_key=STRONG_KEY, runtimes=["nsjail"])
+    settings = Settings(dev_mode=False, admin_key=STRONG_KEY)
     assert settings.admin_key is not None
     assert settings.admin_key.get_secret_value() == STRONG_KEY
     assert STRONG_KEY not in repr(settings)  # a secret, never printed
@@ -332,15 +340,16 @@ def test_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Settings().admin_key is not None
     monkeypatch.setenv("CORRAL_RUNTIMES", '["fake"]')
     with pytest.raises(ValidationError, match="fake runtime"):
-        Settings()
+        Settings()  # the embedded node's settings are read with the gateway's
     monkeypatch.setenv("CORRAL_DEV_MODE", "1")
     monkeypatch.setenv("CORRAL_ADMIN_KEY", "")
-    assert Settings().runtimes == ["fake"]  # dev mode allows both
+    monkeypatch.setenv("CORRAL_NODE_SLOTS", "3")
+    settings = Settings()  # dev mode allows both
+    assert settings.node.runtimes == ["fake"] and settings.node.node_slots == 3
 
 
-def test_dev_mode_allows_no_admin_key_and_the_fake_runtime() -> None:
-    settings = Settings(dev_mode=True, runtimes=["fake"])
-    assert settings.admin_key is None
+def test_dev_mode_allows_no_admin_key() -> None:
+    assert Settings(dev_mode=True).admin_key is None
 
 
 def test_resolved_database_url() -> None:
@@ -356,11 +365,21 @@ def test_resolved_database_url() -> None:
 
 
 def test_server_commands_refuse_a_weak_admin_key_cleanly() -> None:
-    for command in ("serve", "gateway", "node"):
+    for command in ("serve", "gateway"):
         result = corral(command, CORRAL_ADMIN_KEY="changeme", CORRAL_RUNTIMES='["nsjail"]')
         assert result.exit_code == 2, (command, result.output)
         assert "CORRAL_ADMIN_KEY must be set" in result.stderr
         assert "Traceback" not in result.output
+
+
+def test_node_needs_only_a_redis_url() -> None:
+    """A node is told no database and no admin key; without Redis it says what it lacks."""
+    result = corral("node", CORRAL_ADMIN_KEY="changeme", CORRAL_RUNTIMES='["nsjail"]')
+    assert result.exit_code == 2, result.output
+    assert "needs CORRAL_REDIS_URL" in result.stderr
+    assert "ADMIN_KEY" not in result.stderr and "Traceback" not in result.output
+    fields = set(NodeSettings.model_fields)
+    assert not fields & {"database_url", "admin_key", "run_migrations"}
 
 
 def test_db_upgrade_command(tmp_path: Any) -> None:

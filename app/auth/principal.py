@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.quotas.model import QuotaLimits
+from app.quotas.spec import QuotaLimits
 
 
 @dataclass(frozen=True, slots=True)

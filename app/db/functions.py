@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import Function, FunctionArtifact, FunctionVersion, utcnow
 from app.errors import Conflict, CorralError, NotFound, ValidationFailed
-from app.ids import new_id
+from wire.ids import new_id
 
 LATEST = "latest"
 
@@ -70,7 +70,7 @@ async def register(
             id=new_id("fn"),
             tenant_id=tenant_id,
             name=new.name,
-            runtime=new.language,
+            language=new.language,
             aliases={},
             created_at=now,
         )
@@ -111,7 +111,7 @@ async def register(
         created_at=now,
     )
     session.add(version)
-    fn.runtime = new.language
+    fn.language = new.language
     fn.aliases = {**fn.aliases, LATEST: number}
     try:
         await session.flush()

@@ -1,15 +1,23 @@
-"""Invocations: queued by the gateway, claimed and finished by a node.
+"""Invocations: created by a gateway, handed out under claim tokens, stored by a recorder.
 
-State machine: ``queued -> running -> succeeded | failed | errored``. A finished row is
-never overwritten: ``finish`` only updates a row that is still queued or running, so a
-late result from a node presumed dead cannot replace the one already stored.
+State machine: ``queued -> running -> succeeded | failed | errored``, with
+``running -> queued`` when the reconciler hands a lost execution out again. Every write
+after ``Create`` names the claim token it acts for and changes the row only while it is
+open **and** that token is current, so a node presumed dead, a duplicate delivery or a
+late result can never replace what the current hand-out stored; a row that is final is
+never written again. ``attempts`` counts the tokens issued: an execution that ran more
+than once always says so.
+
+The lifecycle writes are ``Batchable`` (see ``app.db.writer``): prebuilt Core statements
+with bound parameters, run with ``executemany`` for a whole batch. ``Finish`` and
+``Fail`` append the row's usage event in the same transaction (``app.db.usage``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, ClassVar, cast
 
@@ -20,7 +28,7 @@ from app.db import usage
 from app.db.models import Invocation, utcnow
 from app.db.writer import Batchable
 from app.errors import NotFound, ValidationFailed
-from runtimes.models import RunResult
+from wire.execution import RunResult
 
 
 class Status(StrEnum):
@@ -34,72 +42,104 @@ class Status(StrEnum):
 OPEN = (Status.QUEUED, Status.RUNNING)
 FINAL = (Status.SUCCEEDED, Status.FAILED, Status.ERRORED)
 
+#: What a write that stored something returns: the columns it set, as stored.
+Stored = dict[str, Any]
+
 
 def status_of(result: RunResult) -> Status:
-    if result.error is not None:
-        return Status.ERRORED
-    return Status.SUCCEEDED if result.succeeded else Status.FAILED
+    return Status(result.outcome)
 
 
 # The hot path's statements, built once: Core on the table (not ORM-enabled DML, whose
 # per-call statement construction costs more than the database round trip), with bound
-# parameters for everything that varies, run with ``executemany`` for a whole batch.
+# parameters for everything that varies. (Literal statuses: an expanding IN parameter
+# cannot be used with executemany.)
 _T = cast(Table, Invocation.__table__)
 _INSERT = insert(_T)
-# (Literal statuses: an expanding IN parameter cannot be used with executemany.)
-_OPEN_ROW = and_(
-    _T.c.id == bindparam("b_id"),
-    or_(*(_T.c.status == literal_column(f"'{s.value}'") for s in OPEN)),
-)
-_UPDATE_OPEN = update(_T).where(_OPEN_ROW)
+_IS_OPEN = or_(*(_T.c.status == literal_column(f"'{s.value}'") for s in OPEN))
+_CURRENT = and_(_T.c.id == bindparam("b_id"), _T.c.claim == bindparam("b_claim"), _IS_OPEN)
+_UPDATE_CURRENT = update(_T).where(_CURRENT)
 
 
-async def _update_open(session: AsyncSession, params: list[dict[str, Any]]) -> int:
-    """Run the open-row UPDATE once per parameter set; the number of rows it changed."""
+def epoch(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, UTC)
+
+
+async def _update_current(session: AsyncSession, params: list[dict[str, Any]]) -> int:
+    """Run the current-claim UPDATE once per parameter set; rows changed (one set only)."""
     conn = await session.connection()
-    result = await conn.execute(_UPDATE_OPEN, params[0] if len(params) == 1 else params)
+    result = await conn.execute(_UPDATE_CURRENT, params[0] if len(params) == 1 else params)
     return int(result.rowcount)
 
 
-async def _open_ids(session: AsyncSession, writes: Sequence[_Lifecycle]) -> set[str]:
-    """Which rows of ``writes`` are still queued or running (locked on PostgreSQL).
-
-    A lone write needs no look-up: its UPDATE's row count says whether the row was open.
-    """
-    ids = [w.invocation_id for w in writes]
-    query = select(_T.c.id).where(_T.c.id.in_(set(ids)), _T.c.status.in_(list(OPEN)))
+async def _current(session: AsyncSession, writes: Sequence[_Lifecycle]) -> set[tuple[str, str]]:
+    """The (id, claim) pairs of ``writes`` whose row is open under that claim (locked on
+    PostgreSQL). A lone write needs no look-up: its UPDATE's row count says it."""
+    ids = {w.invocation_id for w in writes}
+    query = select(_T.c.id, _T.c.claim).where(_T.c.id.in_(ids), _T.c.status.in_(list(OPEN)))
     if session.get_bind().dialect.name == "postgresql":
         query = query.with_for_update()
-    return set((await session.execute(query)).scalars().all())
+    return {(row.id, row.claim) for row in await session.execute(query)}
 
 
-def _claim[W: _Lifecycle](writes: Sequence[W], open_ids: set[str]) -> list[W | None]:
-    """Per write: itself if its row is open (the first write per row wins), else None."""
+def _claimed[W: _Lifecycle](writes: Sequence[W], current: set[tuple[str, str]]) -> list[W | None]:
+    """Per write: itself if its row is open under its claim (the first such write per row
+    wins), else None."""
     claimed: list[W | None] = []
     for write in writes:
-        if write.invocation_id in open_ids:
-            open_ids.discard(write.invocation_id)
+        key = (write.invocation_id, write.claim)
+        if key in current:
+            current.discard(key)
             claimed.append(write)
         else:
             claimed.append(None)
     return claimed
 
 
+async def _apply_final[W: _Final](
+    session: AsyncSession, writes: Sequence[W]
+) -> list[Stored | None]:
+    """Store final writes whose claim is current; append their usage events."""
+    now = utcnow()
+    if len(writes) == 1:
+        values = writes[0].values(now)
+        stored = [values if await _update_current(session, [_params(writes[0], values)]) else None]
+    else:
+        claimed = _claimed(writes, await _current(session, writes))
+        stored = [w.values(now) if w is not None else None for w in claimed]
+        params = [_params(w, v) for w, v in zip(writes, stored, strict=True) if v is not None]
+        if params:
+            await _update_current(session, params)
+    ids = [w.invocation_id for w, v in zip(writes, stored, strict=True) if v is not None]
+    if ids:
+        await usage.record_invocations(session, ids)
+    return stored
+
+
+def _params(write: _Lifecycle, values: Stored) -> dict[str, Any]:
+    return {"b_id": write.invocation_id, "b_claim": write.claim, **values}
+
+
 @dataclass(frozen=True, slots=True)
 class _Lifecycle(Batchable):
     invocation_id: str
+    claim: str
 
 
 @dataclass(frozen=True, slots=True)
-class Create(_Lifecycle):
-    """Insert a queued invocation; the result is the row as inserted (detached)."""
+class Create(Batchable):
+    """Insert a queued invocation with its dispatch intent (the Job, as JSON) and its first
+    claim token; the result is the row as inserted (detached)."""
 
     stage: ClassVar[int] = 0
+    invocation_id: str
     tenant_id: str
     kind: str
     runtime: str | None
     language: str | None
     request: dict[str, Any]
+    claim: str
+    job: str
     function_version_id: str | None = None
 
     def values(self, now: datetime) -> dict[str, Any]:
@@ -114,7 +154,9 @@ class Create(_Lifecycle):
             "request": self.request,
             "created_at": now,
             "queued_at": now,
-            "attempts": 0,
+            "attempts": 1,
+            "claim": self.claim,
+            "job": self.job,
             "stdout": "",
             "stderr": "",
             "stdout_truncated": False,
@@ -132,153 +174,194 @@ class Create(_Lifecycle):
 
 @dataclass(frozen=True, slots=True)
 class MarkRunning(_Lifecycle):
-    """Claim a row for a node; the result is False when the row is final already."""
+    """A node claimed the execution; the result is whether the row took it (open, current)."""
 
     stage: ClassVar[int] = 1
     node_id: str
-    attempt: int
     started_at: datetime
 
     def params(self) -> dict[str, Any]:
         return {
             "b_id": self.invocation_id,
+            "b_claim": self.claim,
             "status": Status.RUNNING.value,
             "node_id": self.node_id,
-            "attempts": self.attempt,
             "started_at": self.started_at,
         }
 
     @classmethod
     async def run_many(cls, session: AsyncSession, writes: Sequence[MarkRunning]) -> list[Any]:
         if len(writes) == 1:
-            return [await _update_open(session, [writes[0].params()]) > 0]
-        # Marking a row running leaves it open: every write for an open row succeeds, in
-        # queue order (the last one's node and attempt stand), as one after the other would.
-        open_ids = await _open_ids(session, writes)
-        params = [w.params() for w in writes if w.invocation_id in open_ids]
+            return [await _update_current(session, [writes[0].params()]) > 0]
+        current = await _current(session, writes)
+        taken = [(w.invocation_id, w.claim) in current for w in writes]
+        params = [w.params() for w, ok in zip(writes, taken, strict=True) if ok]
         if params:
-            await _update_open(session, params)
-        return [w.invocation_id in open_ids for w in writes]
+            await _update_current(session, params)
+        return taken
 
 
 @dataclass(frozen=True, slots=True)
-class Finish(_Lifecycle):
-    """Store a node's result and its usage; the result is the Status, or None when the
-    row was final already (a late result never replaces a stored one)."""
+class _Final(_Lifecycle):
+    """A write that ends the row (and appends its usage event)."""
+
+    def values(self, now: datetime) -> Stored:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, slots=True)
+class Finish(_Final):
+    """Store a node's result under its claim: the stored columns, or None when the claim
+    is not current or the row is final (a late or duplicate result changes nothing)."""
 
     stage: ClassVar[int] = 2
-    tenant_id: str
-    kind: str
-    node_id: str
     attempt: int
-    result: RunResult
-    queue_ms: float
+    node_id: str
     started_at: datetime
+    finished_at: datetime
+    queue_ms: float
+    result: RunResult
 
-    def params(self, now: datetime) -> dict[str, Any]:
+    def values(self, now: datetime) -> Stored:
         result, run = self.result, self.result.run
         stored = result.model_dump(mode="json")
         if stored.get("run"):
             stored["run"]["stdout"] = stored["run"]["stderr"] = ""
         exit_code = run.exit_code if run else (result.compile.exit_code if result.compile else None)
         return {
-            "b_id": self.invocation_id,
             "status": status_of(result).value,
             "error": result.error,
-            "node_id": self.node_id,
             "attempts": self.attempt,
+            "node_id": self.node_id,
             "exit_code": exit_code,
             "stdout": run.stdout if run else "",
             "stderr": run.stderr if run else "",
             "stdout_truncated": bool(run and run.stdout_truncated),
             "stderr_truncated": bool(run and run.stderr_truncated),
             "result": stored,
+            "job": None,
             "started_at": self.started_at,
-            "finished_at": now,
-            "peak_memory_kb": result.peak_memory_kb,
-            **self.costs(),
-        }
-
-    def costs(self) -> dict[str, float | None]:
-        return {
+            "finished_at": self.finished_at,
             "queue_ms": self.queue_ms,
-            "setup_ms": self.result.setup_ms,
-            "exec_ms": self.result.exec_ms,
-            "teardown_ms": self.result.teardown_ms,
-            "cpu_ms": self.result.cpu_ms,
+            "setup_ms": result.setup_ms,
+            "exec_ms": result.exec_ms,
+            "teardown_ms": result.teardown_ms,
+            "cpu_ms": result.cpu_ms,
+            "peak_memory_kb": result.peak_memory_kb,
         }
 
     @classmethod
     async def run_many(cls, session: AsyncSession, writes: Sequence[Finish]) -> list[Any]:
-        now = utcnow()
-        claimed: list[Finish | None]
-        if len(writes) == 1:
-            updated = await _update_open(session, [writes[0].params(now)])
-            claimed = [writes[0] if updated else None]
-            stored = [w for w in claimed if w is not None]
-        else:
-            claimed = _claim(writes, await _open_ids(session, writes))
-            stored = [w for w in claimed if w is not None]
-            if stored:
-                await _update_open(session, [w.params(now) for w in stored])
-        if stored:
-            await usage.record_many(
-                session,
-                [
-                    usage.Usage(
-                        tenant_id=w.tenant_id,
-                        kind=w.kind,
-                        day=now.date(),
-                        failed=status_of(w.result) is not Status.SUCCEEDED,
-                        costs=w.costs(),
-                    )
-                    for w in stored
-                ],
-            )
-        return [status_of(w.result) if w is not None else None for w in claimed]
+        return await _apply_final(session, writes)
 
 
 @dataclass(frozen=True, slots=True)
-class Fail(_Lifecycle):
-    """Mark an open invocation errored (lost node, ...); the result is whether it was open."""
+class Fail(_Final):
+    """End an open invocation as ``errored`` under its claim (lost, never taken): the
+    stored columns, or None when the claim is not current or the row is final."""
 
     stage: ClassVar[int] = 3
-    tenant_id: str
-    kind: str
     error: str
-    node_id: str | None = None
+
+    def values(self, now: datetime) -> Stored:
+        return {
+            "status": Status.ERRORED.value,
+            "error": self.error,
+            "job": None,
+            "finished_at": now,
+        }
 
     @classmethod
     async def run_many(cls, session: AsyncSession, writes: Sequence[Fail]) -> list[Any]:
-        now = utcnow()
-        claimed = _claim(writes, await _open_ids(session, writes))
-        stored = [w for w in claimed if w is not None]
-        if stored:
-            conn = await session.connection()
-            for w in stored:  # rare: no need for executemany
-                values: dict[str, Any] = {
-                    "b_id": w.invocation_id,
-                    "status": Status.ERRORED.value,
-                    "error": w.error,
-                    "finished_at": now,
-                }
-                if w.node_id is not None:
-                    values["node_id"] = w.node_id
-                await conn.execute(_UPDATE_OPEN, values)
-            await usage.record_many(
-                session,
-                [
-                    usage.Usage(w.tenant_id, w.kind, now.date(), failed=True, costs={})
-                    for w in stored
-                ],
+        return await _apply_final(session, writes)
+
+
+@dataclass(frozen=True, slots=True)
+class Reissue(_Lifecycle):
+    """Hand an open invocation out again: a new claim token, one more attempt, queued.
+    The result is whether the row took it (it was open under ``claim``)."""
+
+    stage: ClassVar[int] = 4
+    new_claim: str
+
+    @classmethod
+    async def run_many(cls, session: AsyncSession, writes: Sequence[Reissue]) -> list[Any]:
+        conn = await session.connection()
+        taken = []
+        for w in writes:  # rare (lost hand-outs): one statement each is fine
+            result = await conn.execute(
+                update(_T)
+                .where(_CURRENT)
+                .values(
+                    claim=w.new_claim,
+                    attempts=_T.c.attempts + 1,
+                    status=Status.QUEUED.value,
+                    node_id=None,
+                    started_at=None,
+                ),
+                {"b_id": w.invocation_id, "b_claim": w.claim},
             )
-        return [w is not None for w in claimed]
+            taken.append(result.rowcount > 0)
+        return taken
 
 
-async def create(session: AsyncSession, **fields: Any) -> Invocation:
-    """One ``Create`` outside the batch writer (tests, tools)."""
-    (row,) = await Create.run_many(session, [Create(**fields)])
-    return cast(Invocation, row)
+@dataclass(frozen=True, slots=True)
+class OpenRow:
+    """What the reconciler reads of an open invocation."""
+
+    id: str
+    tenant_id: str
+    status: str
+    claim: str
+    attempts: int
+    created_at: datetime
+    node_id: str | None
+    started_at: datetime | None
+
+
+async def open_rows(session: AsyncSession, *, before: datetime, limit: int) -> list[OpenRow]:
+    """Open invocations created before ``before``, oldest first."""
+    query = (
+        select(
+            _T.c.id,
+            _T.c.tenant_id,
+            _T.c.status,
+            _T.c.claim,
+            _T.c.attempts,
+            _T.c.created_at,
+            _T.c.node_id,
+            _T.c.started_at,
+        )
+        .where(_T.c.status.in_(list(OPEN)), _T.c.created_at < before)
+        .order_by(_T.c.created_at)
+        .limit(limit)
+    )
+    rows = (await session.execute(query)).all()
+    return [
+        OpenRow(
+            id=r.id,
+            tenant_id=r.tenant_id,
+            status=r.status,
+            claim=r.claim or "",
+            attempts=r.attempts,
+            created_at=_aware(r.created_at),
+            node_id=r.node_id,
+            started_at=_aware(r.started_at) if r.started_at is not None else None,
+        )
+        for r in rows
+    ]
+
+
+async def jobs_of(session: AsyncSession, ids: Sequence[str]) -> dict[str, str]:
+    """The dispatch intents (Job JSON) of open invocations."""
+    if not ids:
+        return {}
+    query = select(_T.c.id, _T.c.job).where(_T.c.id.in_(list(ids)), _T.c.job.is_not(None))
+    return {row.id: row.job for row in await session.execute(query)}
+
+
+def _aware(value: datetime) -> datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 async def get(session: AsyncSession, *, tenant_id: str, invocation_id: str) -> Invocation:

@@ -2,19 +2,18 @@
 
 Alembic migrations (``migrations/``) are the only thing that creates tables; these
 models describe them for queries and for ``alembic revision --autogenerate``.
-Identifiers are prefixed random strings (``ten_…``, ``inv_…``) made by ``app.ids``.
+Identifiers are prefixed random strings (``ten_…``, ``inv_…``) made by ``wire.ids``.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
-    Date,
     DateTime,
     Float,
     ForeignKey,
@@ -90,19 +89,15 @@ class ApiKey(Base):
 
 
 class Quota(Base):
+    """A tenant's quota: the fields of ``app.quotas.spec.QuotaLimits``, as one JSON object
+    (the field list is declared there and nowhere else)."""
+
     __tablename__ = "quotas"
 
     tenant_id: Mapped[str] = mapped_column(
         ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
     )
-    max_concurrent_executions: Mapped[int] = mapped_column(Integer)
-    max_concurrent_sandboxes: Mapped[int] = mapped_column(Integer)
-    executions_per_second: Mapped[float] = mapped_column(Float)
-    burst: Mapped[int] = mapped_column(Integer)
-    cpu_seconds_per_day: Mapped[float] = mapped_column(Float)
-    max_memory_mb: Mapped[int] = mapped_column(Integer)
-    max_wall_seconds: Mapped[float] = mapped_column(Float)
-    max_sandbox_lifetime_seconds: Mapped[int] = mapped_column(Integer)
+    limits: Mapped[dict[str, Any]] = mapped_column(default=dict)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
     tenant: Mapped[Tenant] = relationship(back_populates="quota")
@@ -115,7 +110,7 @@ class Function(Base):
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
     name: Mapped[str] = mapped_column(String(128))
-    runtime: Mapped[str] = mapped_column(String(32))
+    language: Mapped[str] = mapped_column(String(32))
     aliases: Mapped[dict[str, Any]] = mapped_column(default=dict)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     deleted_at: Mapped[datetime | None] = mapped_column(default=None)
@@ -143,7 +138,8 @@ class FunctionArtifact(Base):
     """The bytes a function version runs (source text as UTF-8, or a ``.wasm`` module).
 
     Keyed by tenant and SHA-256 of the content, so versions with the same content share
-    one row, and held in the database so that a node on any host can be handed them.
+    one row, and held in the database so that any gateway can hand them to a node (inside
+    the Job: nodes have no database).
     """
 
     __tablename__ = "function_artifacts"
@@ -158,7 +154,12 @@ class FunctionArtifact(Base):
 
 
 class Invocation(Base):
-    """One execution: queued by the gateway, run by a node, result stored by that node."""
+    """One execution: queued by a gateway, run by a node, stored by a recorder.
+
+    ``claim`` is the fencing token of the current hand-out (``attempts`` counts them);
+    ``job`` is the dispatch intent, the Job as JSON, written with the row and cleared when
+    the row becomes final: what the reconciler sends again if the hand-out is lost.
+    """
 
     __tablename__ = "invocations"
     __table_args__ = (
@@ -176,6 +177,8 @@ class Invocation(Base):
     error: Mapped[str | None] = mapped_column(Text, default=None)
     node_id: Mapped[str | None] = mapped_column(String(128), default=None)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    claim: Mapped[str | None] = mapped_column(String(32), default=None)
+    job: Mapped[str | None] = mapped_column(Text, default=None)
     exit_code: Mapped[int | None] = mapped_column(Integer, default=None)
     stdout: Mapped[str] = mapped_column(Text, default="")
     stderr: Mapped[str] = mapped_column(Text, default="")
@@ -212,32 +215,59 @@ class Sandbox(Base):
     stopped_at: Mapped[datetime | None] = mapped_column(default=None)
 
 
-class Node(Base):
-    __tablename__ = "nodes"
+class UsageEvent(Base):
+    """Append-only record of what was used: one row per finished invocation (and, from
+    warm pools, per period of idle capacity, with no tenant: the platform pays for it).
 
-    id: Mapped[str] = mapped_column(String(128), primary_key=True)
-    address: Mapped[str] = mapped_column(String(256), default="")
-    runtimes: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    slots: Mapped[int] = mapped_column(Integer, default=0)
-    state: Mapped[str] = mapped_column(String(16), default="up")
-    started_at: Mapped[datetime] = mapped_column(default=utcnow)
-    last_heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
+    ``rolled`` is bookkeeping, not a fact: set once the event is counted in
+    ``usage_rollups``.
+    """
+
+    __tablename__ = "usage_events"
+    __table_args__ = (
+        Index("ix_usage_events_tenant_time", "tenant_id", "occurred_at"),
+        Index("ix_usage_events_rolled", "rolled"),
+        Index("ux_usage_events_subject", "subject", "subject_id", unique=True),
+    )
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    occurred_at: Mapped[datetime] = mapped_column()
+    tenant_id: Mapped[str | None] = mapped_column(String(32), default=None)
+    subject: Mapped[str] = mapped_column(String(16))  # invocation | pool | sandbox
+    subject_id: Mapped[str] = mapped_column(String(256))
+    kind: Mapped[str] = mapped_column(String(32))  # run | function | pool_idle | ...
+    runtime: Mapped[str | None] = mapped_column(String(32), default=None)
+    language: Mapped[str | None] = mapped_column(String(32), default=None)
+    function_version_id: Mapped[str | None] = mapped_column(String(32), default=None)
+    node_id: Mapped[str | None] = mapped_column(String(128), default=None)
+    status: Mapped[str | None] = mapped_column(String(16), default=None)
+    queue_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    setup_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    exec_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    teardown_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    cpu_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    peak_memory_kb: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    instance_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    memory_mb_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    rolled: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
 class UsageRollup(Base):
-    """Per tenant, per UTC day and kind: what was run and what it cost."""
+    """Per tenant (``""``: the platform), UTC hour and kind: the sums of usage events."""
 
     __tablename__ = "usage_rollups"
 
-    tenant_id: Mapped[str] = mapped_column(
-        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
-    )
-    day: Mapped[date] = mapped_column(Date, primary_key=True)
-    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
-    invocations: Mapped[int] = mapped_column(BigInteger, default=0)
+    tenant_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    hour: Mapped[datetime] = mapped_column(primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32), primary_key=True)
+    events: Mapped[int] = mapped_column(BigInteger, default=0)
     failures: Mapped[int] = mapped_column(BigInteger, default=0)
     queue_ms: Mapped[float] = mapped_column(Float, default=0.0)
     setup_ms: Mapped[float] = mapped_column(Float, default=0.0)
     exec_ms: Mapped[float] = mapped_column(Float, default=0.0)
     teardown_ms: Mapped[float] = mapped_column(Float, default=0.0)
     cpu_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    instance_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    memory_mb_seconds: Mapped[float] = mapped_column(Float, default=0.0)

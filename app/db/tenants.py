@@ -12,8 +12,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app.auth import keys
 from app.db.models import ApiKey, Quota, Tenant, utcnow
 from app.errors import Conflict, NotFound
-from app.ids import new_id
-from app.quotas.model import QuotaLimits
+from app.quotas.spec import QuotaLimits
+from wire.ids import new_id
 
 
 async def create_tenant(
@@ -21,7 +21,7 @@ async def create_tenant(
 ) -> tuple[Tenant, ApiKey, str]:
     """Create a tenant with its quota row and first key; return the key's plaintext once."""
     tenant = Tenant(id=new_id("ten"), name=name, disabled=False)
-    tenant.quota = Quota(**{f: getattr(quota, f) for f in QuotaLimits.__slots__})
+    tenant.quota = Quota(limits=quota.model_dump())
     session.add(tenant)
     try:
         await session.flush()
@@ -55,13 +55,14 @@ async def update_tenant(
     disabled: bool | None = None,
     quota: dict[str, Any] | None = None,
 ) -> Tenant:
+    """Change what is given; ``quota`` replaces the named limits (checked by the caller)."""
     tenant = await get_tenant(session, tenant_id=tenant_id)
     if name is not None:
         tenant.name = name
     if disabled is not None:
         tenant.disabled = disabled
-    for field, value in (quota or {}).items():
-        setattr(tenant.quota, field, value)
+    if quota:
+        tenant.quota.limits = {**tenant.quota.limits, **quota}
     try:
         await session.flush()
     except IntegrityError as exc:

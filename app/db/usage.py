@@ -1,89 +1,193 @@
-"""Usage rollups: per tenant, UTC day and kind, what ran and what it cost."""
+"""Usage: append-only events, and hourly rollups derived from them.
+
+Every final invocation appends one ``usage_events`` row in the transaction that stores
+it (copied from the stored row itself, so it says what the record says); warm pools
+append idle-capacity events with no tenant (the platform pays for them). An event is
+unique by its subject, so storing one twice (a recorder that read it again) stores it
+once. Nothing on the
+hot path updates a shared counter row. ``roll_up`` (run by the elected reconciler) marks
+a batch of events rolled and adds them to ``usage_rollups`` per tenant, UTC hour and
+kind, in one transaction: an event is counted exactly once, whatever the order in which
+concurrent transactions committed it. Readers add the rollups and the events not rolled
+up yet.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from datetime import date
+from collections.abc import Sequence
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, cast
 
-from sqlalchemy import Table, func, select
+from sqlalchemy import Table, bindparam, false, func, insert, literal, select, true, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.db.models import UsageRollup
+from app.db.models import Invocation, UsageEvent, UsageRollup
+from wire.messages import PoolUsage
 
-_COST_FIELDS = ("queue_ms", "setup_ms", "exec_ms", "teardown_ms", "cpu_ms")
+_EVENTS = cast(Table, UsageEvent.__table__)
+_ROLLUPS = cast(Table, UsageRollup.__table__)
+_INV = cast(Table, Invocation.__table__)
+
+COSTS = ("queue_ms", "setup_ms", "exec_ms", "teardown_ms", "cpu_ms")
+SUMS = (*COSTS, "instance_seconds", "memory_mb_seconds")
+#: The rollup row of the platform's own usage (idle warm capacity).
+PLATFORM = ""
+#: Events rolled up per transaction.
+ROLL_BATCH = 20_000
+
+# One event per stored invocation, copied from its row (one statement per batch).
+_FROM_ROWS = insert(_EVENTS).from_select(
+    [
+        "occurred_at",
+        "tenant_id",
+        "subject",
+        "subject_id",
+        "kind",
+        "runtime",
+        "language",
+        "function_version_id",
+        "node_id",
+        "status",
+        *COSTS,
+        "peak_memory_kb",
+        "instance_seconds",
+        "memory_mb_seconds",
+        "rolled",
+    ],
+    select(
+        _INV.c.finished_at,
+        _INV.c.tenant_id,
+        literal("invocation"),
+        _INV.c.id,
+        _INV.c.kind,
+        _INV.c.runtime,
+        _INV.c.language,
+        _INV.c.function_version_id,
+        _INV.c.node_id,
+        _INV.c.status,
+        *(func.coalesce(_INV.c[name], 0.0) for name in COSTS),
+        _INV.c.peak_memory_kb,
+        literal(0.0),
+        literal(0.0),
+        false(),
+    ).where(_INV.c.id.in_(bindparam("ids", expanding=True))),
+)
 
 
-def _upsert(insert: Any) -> Any:
-    """``INSERT .. ON CONFLICT (tenant, day, kind) DO UPDATE`` adding to the counters."""
-    stmt = insert(_TABLE)
-    return stmt.on_conflict_do_update(
-        index_elements=["tenant_id", "day", "kind"],
-        set_={name: _TABLE.c[name] + stmt.excluded[name] for name in _COUNTERS},
+async def record_invocations(session: AsyncSession, ids: Sequence[str]) -> None:
+    """Append the usage events of invocations just stored as final."""
+    conn = await session.connection()
+    await conn.execute(_FROM_ROWS, {"ids": list(ids)})
+
+
+async def record_pool_usage(session: AsyncSession, events: Sequence[PoolUsage]) -> None:
+    """Append idle-capacity events of warm pools (no tenant: the platform's cost)."""
+    if not events:
+        return
+    conn = await session.connection()
+    insert_ = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
+    await conn.execute(
+        insert_(_EVENTS).on_conflict_do_nothing(index_elements=["subject", "subject_id"]),
+        [
+            {
+                "occurred_at": datetime.fromtimestamp(e.period_end, UTC),
+                "tenant_id": None,
+                "subject": "pool",
+                "subject_id": f"{e.node_id}:{e.pool}:{e.period_end:.3f}",
+                "kind": "pool_idle",
+                "runtime": e.pool.split("/", 1)[0],
+                "node_id": e.node_id,
+                **dict.fromkeys(COSTS, 0.0),
+                "instance_seconds": e.idle_instance_seconds,
+                "memory_mb_seconds": e.idle_memory_mb_seconds,
+                "rolled": False,
+            }
+            for e in events
+        ],
     )
 
 
-_TABLE = cast(Table, UsageRollup.__table__)
-_COUNTERS = ("invocations", "failures", *_COST_FIELDS)
+def _upsert(insert_: Any) -> Any:
+    """``INSERT .. ON CONFLICT (tenant, hour, kind) DO UPDATE`` adding to the sums."""
+    stmt = insert_(_ROLLUPS)
+    counters = ("events", "failures", *SUMS)
+    return stmt.on_conflict_do_update(
+        index_elements=["tenant_id", "hour", "kind"],
+        set_={name: _ROLLUPS.c[name] + stmt.excluded[name] for name in counters},
+    )
+
+
 _UPSERT = {"postgresql": _upsert(pg_insert), "sqlite": _upsert(sqlite_insert)}
+_PENDING = select(_EVENTS.c.id).where(_EVENTS.c.rolled == false()).order_by(_EVENTS.c.id)
 
 
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """One finished invocation's contribution to its tenant's rollup."""
-
-    tenant_id: str
-    kind: str
-    day: date
-    failed: bool
-    costs: Mapping[str, float | None]
-
-
-async def record_many(session: AsyncSession, items: Sequence[Usage]) -> None:
-    """Add invocations to their rollups: one upsert row per (tenant, day, kind)."""
-    rows: dict[tuple[str, date, str], dict[str, Any]] = {}
-    for item in items:
-        key = (item.tenant_id, item.day, item.kind)
+async def roll_up(session: AsyncSession, *, batch: int = ROLL_BATCH) -> int:
+    """Move up to ``batch`` events into the hourly rollups; how many were moved."""
+    conn = await session.connection()
+    marked = await conn.execute(
+        update(_EVENTS)
+        .where(
+            _EVENTS.c.id.in_(_PENDING.limit(batch).scalar_subquery()), _EVENTS.c.rolled == false()
+        )
+        .values(rolled=true())
+        .returning(
+            _EVENTS.c.tenant_id,
+            _EVENTS.c.occurred_at,
+            _EVENTS.c.kind,
+            _EVENTS.c.status,
+            *(_EVENTS.c[name] for name in SUMS),
+        )
+    )
+    rows: dict[tuple[str, datetime, str], dict[str, Any]] = {}
+    count = 0
+    for event in marked:
+        count += 1
+        occurred = event.occurred_at
+        if occurred.tzinfo is None:
+            occurred = occurred.replace(tzinfo=UTC)
+        hour = occurred.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+        key = (event.tenant_id or PLATFORM, hour, event.kind)
         row = rows.get(key)
         if row is None:
             row = rows[key] = {
-                "tenant_id": item.tenant_id,
-                "day": item.day,
-                "kind": item.kind,
-                "invocations": 0,
+                "tenant_id": key[0],
+                "hour": hour,
+                "kind": key[2],
+                "events": 0,
                 "failures": 0,
-                **dict.fromkeys(_COST_FIELDS, 0.0),
+                **dict.fromkeys(SUMS, 0.0),
             }
-        row["invocations"] += 1
-        row["failures"] += 1 if item.failed else 0
-        for name in _COST_FIELDS:
-            row[name] += float(item.costs.get(name) or 0.0)
+        row["events"] += 1
+        row["failures"] += 1 if event.status in ("failed", "errored") else 0
+        for name in SUMS:
+            row[name] += float(getattr(event, name) or 0.0)
     if rows:
-        conn = await session.connection()
-        values = list(rows.values())
-        await conn.execute(_UPSERT[conn.dialect.name], values[0] if len(values) == 1 else values)
+        values = [rows[key] for key in sorted(rows)]  # one lock order for every roller
+        await conn.execute(_UPSERT[conn.dialect.name], values)
+    return count
 
 
-async def record(
-    session: AsyncSession,
-    *,
-    tenant_id: str,
-    kind: str,
-    day: date,
-    failed: bool,
-    costs: Mapping[str, float | None],
-) -> None:
-    """Add one finished invocation to its tenant's rollup for ``day`` (an upsert)."""
-    await record_many(session, [Usage(tenant_id, kind, day, failed, costs)])
+def day_bounds(day: date) -> tuple[datetime, datetime]:
+    start = datetime.combine(day, time(0), tzinfo=UTC)
+    return start, start + timedelta(days=1)
 
 
 async def cpu_seconds(session: AsyncSession, *, tenant_id: str, day: date) -> float:
-    total = await session.scalar(
-        select(func.coalesce(func.sum(UsageRollup.cpu_ms), 0.0)).where(
-            UsageRollup.tenant_id == tenant_id, UsageRollup.day == day
+    """CPU-seconds a tenant used on a UTC day: rolled up, plus not rolled up yet."""
+    start, end = day_bounds(day)
+    rolled = await session.scalar(
+        select(func.coalesce(func.sum(_ROLLUPS.c.cpu_ms), 0.0)).where(
+            _ROLLUPS.c.tenant_id == tenant_id, _ROLLUPS.c.hour >= start, _ROLLUPS.c.hour < end
         )
     )
-    return float(total or 0.0) / 1000.0
+    pending = await session.scalar(
+        select(func.coalesce(func.sum(_EVENTS.c.cpu_ms), 0.0)).where(
+            _EVENTS.c.rolled == false(),
+            _EVENTS.c.tenant_id == tenant_id,
+            _EVENTS.c.occurred_at >= start,
+            _EVENTS.c.occurred_at < end,
+        )
+    )
+    return (float(rolled or 0.0) + float(pending or 0.0)) / 1000.0

@@ -1,1 +1,1 @@
-"""How work travels from the gateway (control plane) to node agents (data plane)."""
+"""How work travels between the gateway (control plane) and node agents (data plane)."""

@@ -1,76 +1,182 @@
-"""In-process dispatch: the embedded default, gateway and node in one event loop."""
+"""In-process transport: the embedded default, one gateway and one node in one process.
+
+It keeps the semantics of the Redis transport, in memory: job streams per node and per
+runtime, dispatch markers with their expiry, claims that succeed once per token, the
+gateway's results queue read by the same recorder, node reports that expire. A crash
+loses all of it, and nothing more: every open invocation is still in the database with
+its dispatch intent, and the reconciler hands it out again when the process restarts.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import collections
+import itertools
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 
-from app.dispatch.base import Delivery, Dispatcher, NodeInfo
-from app.dispatch.messages import Completion, Job
+from app.dispatch.transport import Entry, GatewayTransport
+from runtimes.node.transport import Claim, Delivery, NodeTransport
+from wire import keys
+from wire.messages import (
+    DeliveryRef,
+    Finished,
+    Job,
+    Marker,
+    NodeReport,
+    PoolUsage,
+    Started,
+    Stored,
+)
 
-_FORGET_AFTER_S = 300.0
+_BATCH = 512
 
 
-class InProcessDispatcher(Dispatcher):
-    def __init__(self) -> None:
+class InProcessTransport(GatewayTransport, NodeTransport):
+    def __init__(self, *, dead_after_s: float, clock: Callable[[], float] = time.time) -> None:
         self.gateway_id = "local"
-        self._queue: asyncio.Queue[Delivery] = asyncio.Queue()
-        self._waiters: dict[str, asyncio.Future[Completion]] = {}
-        self._nodes: dict[str, NodeInfo] = {}
-        self._unacked: dict[str, dict[str, Delivery]] = {}
-
-    async def close(self) -> None:
-        for future in self._waiters.values():
-            future.cancel()
-        self._waiters.clear()
+        self._dead_after_s = dead_after_s
+        self._clock = clock
+        self._streams: dict[str, collections.deque[tuple[str, Job]]] = collections.defaultdict(
+            collections.deque
+        )
+        self._arrived = asyncio.Condition()
+        self._markers: dict[str, tuple[Marker, float]] = {}  # invocation -> (marker, expiry)
+        self._reports: dict[str, tuple[NodeReport, float]] = {}  # node -> (report, expiry)
+        self._results: asyncio.Queue[Entry] = asyncio.Queue()
+        self._seq = itertools.count(1)
 
     async def ready(self) -> bool:
         return True
 
-    async def submit(self, job: Job) -> None:
-        self._waiters.setdefault(job.invocation_id, asyncio.get_running_loop().create_future())
-        self._queue.put_nowait(Delivery(job=job, attempt=1))
+    async def keep_alive(self) -> None:
+        return None
 
-    async def wait(self, invocation_id: str, timeout: float) -> Completion | None:
-        future = self._waiters.setdefault(invocation_id, asyncio.get_running_loop().create_future())
-        try:
-            return await asyncio.wait_for(asyncio.shield(future), timeout)
-        except TimeoutError:
-            return None
-        finally:
-            if future.done():
-                self._waiters.pop(invocation_id, None)
+    # --- gateway: dispatch ------------------------------------------------------------
+    async def dispatch(
+        self, job: Job, *, node_id: str | None, hold_s: float, queue_s: float
+    ) -> None:
+        marker = Marker.placing(job, node_id=node_id, hold_s=hold_s)
+        stream = marker.stream
+        self._markers[job.invocation_id] = (marker, self._clock() + queue_s + job.deadline_seconds)
+        self._streams[stream].append((f"{next(self._seq)}-0", job))
+        async with self._arrived:
+            self._arrived.notify_all()
 
-    async def queue_depth(self) -> int:
-        return self._queue.qsize()
+    async def catalogue(self) -> list[NodeReport]:
+        now = self._clock()
+        return [report for report, expiry in self._reports.values() if expiry > now]
 
-    async def live_nodes(self) -> list[NodeInfo]:
-        return list(self._nodes.values())
+    async def backlog(self, runtimes: Sequence[str]) -> dict[str, int]:
+        return {runtime: len(self._streams.get(keys.jobs(runtime), ())) for runtime in runtimes}
 
-    async def register(self, node: NodeInfo) -> None:
-        self._nodes[node.node_id] = node
-        self._unacked.setdefault(node.node_id, {})
-
-    async def unregister(self, node_id: str) -> None:
-        self._nodes.pop(node_id, None)
-        # Work a departing node never acked goes back on the queue, counted as a new attempt.
-        for delivery in self._unacked.pop(node_id, {}).values():
-            self._queue.put_nowait(Delivery(job=delivery.job, attempt=delivery.attempt + 1))
-
-    async def deliveries(self, node: NodeInfo) -> AsyncIterator[Delivery]:
+    # --- gateway: recorder ------------------------------------------------------------
+    async def results(self) -> AsyncIterator[list[Entry]]:
         while True:
-            delivery = await self._queue.get()
-            self._unacked.setdefault(node.node_id, {})[delivery.job.invocation_id] = delivery
-            yield delivery
+            batch = [await self._results.get()]
+            while len(batch) < _BATCH and not self._results.empty():
+                batch.append(self._results.get_nowait())
+            yield batch
 
-    async def ack(self, node_id: str, delivery: Delivery) -> None:
-        self._unacked.get(node_id, {}).pop(delivery.job.invocation_id, None)
+    def drain(self) -> list[Entry]:
+        entries = []
+        while not self._results.empty():
+            entries.append(self._results.get_nowait())
+        return entries
 
-    async def complete(self, job: Job, completion: Completion) -> None:
-        future = self._waiters.get(job.invocation_id)
-        if future is not None and not future.done():
-            future.set_result(completion)
-            # Nobody may ever wait (asynchronous invocations): forget it after a while.
-            asyncio.get_running_loop().call_later(
-                _FORGET_AFTER_S, self._waiters.pop, job.invocation_id, None
-            )
+    async def settle(self, entries: Sequence[Entry]) -> None:
+        for entry in entries:
+            event = entry.event
+            if isinstance(event, Finished):
+                held = self._markers.get(event.invocation_id)
+                if held is not None and held[0].claim == event.claim:
+                    del self._markers[event.invocation_id]
+
+    # --- gateway: reconciler ----------------------------------------------------------
+    async def markers(self, invocation_ids: Sequence[str]) -> dict[str, Marker]:
+        now = self._clock()
+        found = {}
+        for invocation_id in invocation_ids:
+            held = self._markers.get(invocation_id)
+            if held is None:
+                continue
+            if held[1] <= now:
+                del self._markers[invocation_id]
+                continue
+            found[invocation_id] = held[0]
+        return found
+
+    async def notify(self, gateway_id: str, event: Stored) -> None:
+        self._results.put_nowait(Entry(event=event, stream="", entry_id=""))
+
+    async def dead_gateways(self) -> list[str]:
+        return []
+
+    async def adopt(self, gateway_id: str) -> list[Entry]:
+        return []
+
+    async def forget_gateway(self, gateway_id: str) -> None:
+        return None
+
+    async def dead_nodes(self) -> list[str]:
+        now = self._clock()
+        return sorted(node for node, (_, expiry) in self._reports.items() if expiry <= now)
+
+    async def forget_node(self, node_id: str, runtimes: Sequence[str]) -> None:
+        self._reports.pop(node_id, None)
+        self._streams.pop(keys.jobs_for_node(node_id), None)
+
+    # --- node -------------------------------------------------------------------------
+    async def announce(self, report: NodeReport) -> None:
+        self._reports[report.node_id] = (report, self._clock() + self._dead_after_s)
+
+    async def withdraw(self, node_id: str) -> None:
+        self._reports.pop(node_id, None)
+
+    async def deliveries(
+        self, node_id: str, runtimes: list[str], capacity: Callable[[], int]
+    ) -> AsyncIterator[Delivery]:
+        streams = [keys.jobs_for_node(node_id), *(keys.jobs(r) for r in sorted(runtimes))]
+        while True:
+            delivery = self._take(streams)
+            if delivery is not None:
+                yield delivery
+                continue
+            async with self._arrived:
+                await self._arrived.wait_for(lambda: any(self._streams.get(s) for s in streams))
+
+    def _take(self, streams: list[str]) -> Delivery | None:
+        for stream in streams:
+            queue = self._streams.get(stream)
+            if queue:
+                entry_id, job = queue.popleft()
+                return Delivery(job=job, ref=DeliveryRef(stream=stream, entry_id=entry_id))
+        return None
+
+    async def claim(self, delivery: Delivery, started: Started, *, incarnation: str) -> Claim:
+        job = delivery.job
+        now = self._clock()
+        held = self._markers.get(job.invocation_id)
+        if held is None or held[1] <= now:
+            return Claim.GONE
+        marker = held[0]
+        if marker.claim != job.claim:
+            return Claim.STALE
+        if marker.claimed_by is not None:
+            same = marker.claimed_by == started.node_id and marker.incarnation == incarnation
+            return Claim.OK if same else Claim.TAKEN
+        claimed = marker.model_copy(
+            update={"claimed_by": started.node_id, "incarnation": incarnation, "claimed_at": now}
+        )
+        self._markers[job.invocation_id] = (claimed, now + marker.deadline_s + marker.hold_s)
+        self._results.put_nowait(Entry(event=started, stream="", entry_id=""))
+        return Claim.OK
+
+    async def drop(self, delivery: Delivery) -> None:
+        return None
+
+    async def finish(self, delivery: Delivery, finished: Finished) -> None:
+        self._results.put_nowait(Entry(event=finished, stream="", entry_id=""))
+
+    async def publish(self, event: PoolUsage) -> None:
+        self._results.put_nowait(Entry(event=event, stream="", entry_id=""))

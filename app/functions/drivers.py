@@ -16,7 +16,7 @@ import base64
 import json
 
 from app.functions.languages import Driver
-from runtimes.models import RunLimits, RunSpec
+from wire.execution import RunLimits, RunSpec
 
 _PYTHON = """\
 import json as _json

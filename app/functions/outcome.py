@@ -10,10 +10,9 @@ from __future__ import annotations
 import json
 
 from app.db.models import Invocation
-from app.routes.present import stored_result
+from app.invocations.projection import stored_result, timings
 from app.schemas.functions import FunctionError, InvokeResponse
-from app.schemas.run import Timings
-from runtimes.models import RunResult, StageResult, StageStatus
+from wire.execution import StageResult, StageStatus
 
 #: Characters of stderr returned as ``logs``.
 MAX_LOG_CHARS = 64 * 1024
@@ -27,10 +26,8 @@ _STAGE_CODES = {
 }
 
 
-def invoke_response(
-    row: Invocation, result: RunResult | None, *, function: str, version: int
-) -> InvokeResponse:
-    result = result or stored_result(row)
+def invoke_response(row: Invocation, *, function: str, version: int) -> InvokeResponse:
+    result = stored_result(row)
     stage = (result.run or result.compile) if result else None
     logs = stage.stderr if stage else ""
     response = InvokeResponse(
@@ -40,7 +37,7 @@ def invoke_response(
         status=row.status,
         logs=logs[:MAX_LOG_CHARS],
         logs_truncated=len(logs) > MAX_LOG_CHARS or bool(stage and stage.stderr_truncated),
-        timings=_timings(row),
+        timings=timings(row),
     )
     if row.status in ("queued", "running"):
         return response
@@ -81,18 +78,3 @@ def _stage_error(stage: StageResult) -> FunctionError:
     code = _STAGE_CODES.get(stage.status, "killed")
     message = stage.message or stage.status.value.replace("_", " ")
     return FunctionError(code=code, message=message, details=details)
-
-
-def _timings(row: Invocation) -> Timings:
-    total = None
-    if row.finished_at and row.created_at:
-        total = (row.finished_at - row.created_at).total_seconds() * 1000
-    return Timings(
-        queue_ms=row.queue_ms,
-        setup_ms=row.setup_ms,
-        exec_ms=row.exec_ms,
-        teardown_ms=row.teardown_ms,
-        total_ms=total,
-        cpu_ms=row.cpu_ms,
-        peak_memory_kb=row.peak_memory_kb,
-    )

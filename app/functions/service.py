@@ -1,5 +1,5 @@
 """Register and invoke functions: the registry's rules on top of the database and the
-executor. Route handlers call these; nothing here knows about HTTP.
+invocation service. Route handlers call these; nothing here knows about HTTP.
 """
 
 from __future__ import annotations
@@ -7,26 +7,27 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.auth.principal import Principal
 from app.db import functions as repo
 from app.db.models import Function, FunctionVersion
-from app.errors import CorralError, LimitTooHigh, ValidationFailed
+from app.errors import CorralError, ValidationFailed
 from app.functions import artifacts, drivers, outcome, schema
 from app.functions.languages import LANGUAGES, MODULE_ENTRY_POINT, Driver
+from app.invocations.limits import limits_for
 from app.schemas.functions import (
     BatchInvokeItem,
     FunctionError,
     FunctionManifest,
     InvokeResponse,
 )
-from runtimes.models import RunLimits, RunSpec
+from wire.execution import RunSpec
+
+if TYPE_CHECKING:
+    from app.services import Services
 
 log = logging.getLogger(__name__)
-
-#: Memory given to a function that names none, unless the tenant's maximum is lower.
-DEFAULT_MEMORY_MB = 512
 
 
 def driver_for(language: str) -> Driver:
@@ -41,22 +42,21 @@ def driver_for(language: str) -> Driver:
 
 def resolved_limits(manifest: FunctionManifest, principal: Principal) -> dict[str, Any]:
     """The version's limits, defaults filled in, checked against the tenant's quota."""
-    quota = principal.quota
-    memory = manifest.limits.memory_mb or min(DEFAULT_MEMORY_MB, quota.max_memory_mb)
-    if memory > quota.max_memory_mb:
-        raise LimitTooHigh(
-            f"limits.memory_mb {memory} is over the tenant's max_memory_mb {quota.max_memory_mb}"
-        )
-    if manifest.limits.timeout_s > quota.max_wall_seconds:
-        raise LimitTooHigh(
-            f"limits.timeout_s {manifest.limits.timeout_s}s is over the tenant's "
-            f"max_wall_seconds {quota.max_wall_seconds}s"
-        )
-    return {"timeout_s": manifest.limits.timeout_s, "memory_mb": memory}
+    limits = limits_for(
+        principal.quota,
+        memory_mb=manifest.limits.memory_mb,
+        run_timeout_s=manifest.limits.timeout_s,
+    )
+    return {"timeout_s": limits.run_timeout_s, "memory_mb": limits.memory_mb}
 
 
 async def register(
-    services: Any, principal: Principal, *, name: str, manifest: FunctionManifest, content: bytes
+    services: Services,
+    principal: Principal,
+    *,
+    name: str,
+    manifest: FunctionManifest,
+    content: bytes,
 ) -> tuple[Function, FunctionVersion, bool]:
     """Check everything, then store the artifact and a new version (see ``app.db.functions``)."""
     driver = driver_for(manifest.language)
@@ -99,8 +99,9 @@ class Target:
     artifact: bytes
     validators: schema.Validators
 
-    def spec(self, value: Any) -> RunSpec:
-        """Validate ``value`` against the input schema, then build the run."""
+    def spec(self, value: Any, principal: Principal) -> RunSpec:
+        """Validate ``value`` against the input schema, then build the run (its limits
+        checked against the tenant's quota as it is now)."""
         schema.validate_input(self.validators, self.version.id, self.version.input_schema, value)
         limits = self.version.limits
         return drivers.build_spec(
@@ -109,7 +110,9 @@ class Target:
             entry_point=self.version.entry_point,
             artifact=self.artifact,
             input_value=value,
-            limits=RunLimits(run_timeout_s=limits["timeout_s"], memory_mb=limits["memory_mb"]),
+            limits=limits_for(
+                principal.quota, memory_mb=limits["memory_mb"], run_timeout_s=limits["timeout_s"]
+            ),
         )
 
     def record(self, value: Any) -> dict[str, Any]:
@@ -117,7 +120,7 @@ class Target:
         return {"function": self.name, "version": self.version.version, "input": value}
 
 
-async def target(services: Any, principal: Principal, *, name: str, ref: str | None) -> Target:
+async def target(services: Services, principal: Principal, *, name: str, ref: str | None) -> Target:
     """The version ``ref`` (number, alias, or latest) of live function ``name``; 404s."""
     tenant_id = principal.tenant_id
     async with services.sessions() as session:
@@ -139,27 +142,25 @@ async def target(services: Any, principal: Principal, *, name: str, ref: str | N
     )
 
 
-async def invoke(services: Any, principal: Principal, target: Target, value: Any) -> InvokeResponse:
+async def invoke(
+    services: Services, principal: Principal, target: Target, value: Any
+) -> InvokeResponse:
     """Run once and wait: the function's result (its failures are in the body, not raised)."""
-    spec = target.spec(value)
-    row, result = await services.executor.run(
+    row = await services.invocations.run(
         principal,
-        spec,
+        target.spec(value, principal),
         kind="function",
         function_version_id=target.version.id,
         record=target.record(value),
     )
-    return outcome.invoke_response(
-        row, result, function=target.name, version=target.version.version
-    )
+    return outcome.invoke_response(row, function=target.name, version=target.version.version)
 
 
-async def submit(services: Any, principal: Principal, target: Target, value: Any) -> str:
+async def submit(services: Services, principal: Principal, target: Target, value: Any) -> str:
     """Start one invocation without waiting; its id."""
-    spec = target.spec(value)
-    row = await services.executor.submit(
+    row = await services.invocations.submit(
         principal,
-        spec,
+        target.spec(value, principal),
         kind="function",
         function_version_id=target.version.id,
         record=target.record(value),
@@ -168,7 +169,7 @@ async def submit(services: Any, principal: Principal, target: Target, value: Any
 
 
 async def invoke_batch(
-    services: Any, principal: Principal, target: Target, values: list[Any]
+    services: Services, principal: Principal, target: Target, values: list[Any]
 ) -> list[BatchInvokeItem]:
     """Each input validated, admitted and run on its own, concurrently; in input order."""
 

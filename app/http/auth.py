@@ -19,9 +19,10 @@ from starlette.requests import Request
 from app.auth import keys
 from app.auth.principal import Admin, Principal
 from app.db import tenants
+from app.db.models import Tenant
 from app.errors import AdminRequired, InvalidApiKey, TenantDisabled, Unauthenticated
 from app.http.endpoint import Auth
-from app.quotas.model import QuotaLimits
+from app.quotas.spec import QuotaLimits
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +36,11 @@ class Authenticator:
         *,
         admin_key: str | None,
         cache_seconds: float,
+        default_quota: QuotaLimits,
         default_tenant: str | None = None,
         default_loopback_only: bool = True,
     ) -> None:
+        self._default_quota = default_quota
         self._sessions = sessions
         self._admin_key = admin_key
         self._cache_s = cache_seconds
@@ -85,7 +88,7 @@ class Authenticator:
             raise InvalidApiKey(f"the default tenant {self._default_tenant!r} does not exist")
         if tenant.disabled:
             raise TenantDisabled()
-        principal = Principal(tenant.id, None, QuotaLimits.from_row(tenant.quota))
+        principal = Principal(tenant.id, None, self._quota(tenant))
         self._default = (now, principal)
         return principal
 
@@ -106,10 +109,13 @@ class Authenticator:
             raise InvalidApiKey()
         if tenant.disabled:
             raise TenantDisabled()
-        principal = Principal(tenant.id, api_key.id, QuotaLimits.from_row(tenant.quota))
+        principal = Principal(tenant.id, api_key.id, self._quota(tenant))
         if self._cache_s > 0:
             self._cache[presented] = (now, principal)
         return principal
+
+    def _quota(self, tenant: Tenant) -> QuotaLimits:
+        return QuotaLimits.stored(tenant.quota.limits, self._default_quota)
 
     def forget_tenant(self, tenant_id: str) -> None:
         """Drop cached principals of a tenant (after a change to it or its keys)."""

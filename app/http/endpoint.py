@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
@@ -20,6 +20,9 @@ from starlette.routing import Route
 
 from app.auth.principal import Admin, Principal
 from app.errors import InvalidJSON, PayloadTooLarge, UnsupportedMediaType, ValidationFailed
+
+if TYPE_CHECKING:
+    from app.services import Services
 
 Auth = Literal["none", "tenant", "admin", "tenant_or_default"]
 
@@ -38,8 +41,9 @@ class Call:
         return self.request.path_params
 
     @property
-    def services(self) -> Any:
-        return self.request.app.state.services
+    def services(self) -> Services:
+        services: Services = self.request.app.state.services
+        return services
 
     @property
     def tenant(self) -> Principal:

@@ -16,10 +16,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from app.errors import ConcurrencyLimited, CpuQuotaExhausted, RateLimited
-from app.ids import new_id
 from app.quotas.counters import QuotaCounters
 from app.quotas.cpu import CpuUsage, seconds_until_utc_midnight
-from app.quotas.model import QuotaLimits
+from app.quotas.spec import QuotaLimits
+from wire.ids import new_id
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ import time
 
 from redis.asyncio import Redis
 
-from app.dispatch import keys
 from app.quotas.counters import QuotaCounters
+from wire import keys
 
 # KEYS[1] bucket hash; ARGV rate, burst, max_wait, now. Returns wait in ms or -1.
 _RESERVE_TOKEN = """

@@ -51,7 +51,7 @@ TAGS = ["functions"]
 def function_out(fn: Function) -> FunctionOut:
     return FunctionOut(
         name=fn.name,
-        language=fn.runtime,
+        language=fn.language,
         aliases={k: int(v) for k, v in sorted(fn.aliases.items())},
         created_at=fn.created_at,
     )
@@ -340,7 +340,7 @@ async def get_function_invocation(call: Call) -> InvokeResponse:
         )
     if fn.name != call.path["name"]:
         raise NotFound(f"no invocation {invocation_id!r} of function {call.path['name']!r}")
-    return outcome.invoke_response(row, None, function=fn.name, version=version.version)
+    return outcome.invoke_response(row, function=fn.name, version=version.version)
 
 
 def _matches(pattern: str, value: str) -> bool:

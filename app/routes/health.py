@@ -45,8 +45,8 @@ async def healthz(call: Call) -> Health:
 async def readyz(call: Call) -> Response:
     services = call.services
     database = await _check(_database_ok(call))
-    dispatch = await _check(services.dispatcher.ready())
-    nodes = len(await services.dispatcher.live_nodes()) if dispatch else 0
+    dispatch = await _check(services.transport.ready())
+    nodes = len(await services.transport.catalogue()) if dispatch else 0
     ready = database and dispatch
     body = Readiness(
         status="ready" if ready else "unavailable",

@@ -1,30 +1,20 @@
-"""Turn a stored invocation (and the inline result, when there is one) into API bodies."""
+"""Turn a stored invocation into API bodies: every answer is a projection of the row."""
 
 from __future__ import annotations
 
 from app.db.models import Invocation
+from app.invocations.projection import stored_result, timings
 from app.schemas.invocations import InvocationOut
-from app.schemas.run import RunResponse, Timings
-from runtimes.models import RunResult
+from app.schemas.run import RunResponse
 
 
-def stored_result(row: Invocation) -> RunResult | None:
-    """The RunResult a node stored, with the run stage's output put back from its columns."""
-    if row.result is None:
-        return None
-    result = RunResult.model_validate(row.result)
-    if result.run is not None:
-        result.run.stdout, result.run.stderr = row.stdout, row.stderr
-    return result
-
-
-def run_response(row: Invocation, result: RunResult | None = None) -> RunResponse:
-    return RunResponse(**_fields(row, result))
+def run_response(row: Invocation) -> RunResponse:
+    return RunResponse(**_fields(row))
 
 
 def invocation_out(row: Invocation) -> InvocationOut:
     return InvocationOut(
-        **_fields(row, None),
+        **_fields(row),
         kind=row.kind,
         language=row.language,
         runtime=row.runtime,
@@ -34,11 +24,8 @@ def invocation_out(row: Invocation) -> InvocationOut:
     )
 
 
-def _fields(row: Invocation, result: RunResult | None) -> dict[str, object]:
-    result = result or stored_result(row)
-    total = None
-    if row.finished_at and row.created_at:
-        total = (row.finished_at - row.created_at).total_seconds() * 1000
+def _fields(row: Invocation) -> dict[str, object]:
+    result = stored_result(row)
     return {
         "invocation_id": row.id,
         "status": row.status,
@@ -47,14 +34,6 @@ def _fields(row: Invocation, result: RunResult | None) -> dict[str, object]:
         "compile": result.compile if result else None,
         "run": result.run if result else None,
         "files": result.files if result else {},
-        "timings": Timings(
-            queue_ms=row.queue_ms,
-            setup_ms=row.setup_ms,
-            exec_ms=row.exec_ms,
-            teardown_ms=row.teardown_ms,
-            total_ms=total,
-            cpu_ms=row.cpu_ms,
-            peak_memory_kb=row.peak_memory_kb,
-        ),
+        "timings": timings(row),
         "created_at": row.created_at,
     }

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
+from app.auth.principal import Principal
 from app.errors import CorralError
 from app.http.endpoint import Call, endpoint
+from app.invocations.limits import limits_for
 from app.routes.present import run_response
 from app.schemas.run import (
     BatchItem,
@@ -15,24 +17,22 @@ from app.schemas.run import (
     RunRequest,
     RunResponse,
 )
-from runtimes.models import RunLimits, RunSpec
-
-#: Memory given to a run that names none, unless the tenant's maximum is lower.
-DEFAULT_MEMORY_MB = 512
+from wire.execution import RunSpec
 
 
-def to_spec(body: RunRequest, max_memory_mb: int) -> RunSpec:
-    memory = body.memory_limit_mb or min(DEFAULT_MEMORY_MB, max_memory_mb)
+def to_spec(body: RunRequest, principal: Principal) -> RunSpec:
+    """The execution a request asks for; a limit over the tenant's quota is refused."""
     return RunSpec(
         language=body.language,
         code=body.code,
         stdin=body.stdin,
         files=body.files,
         fetch_files=body.fetch_files,
-        limits=RunLimits(
-            compile_timeout_s=body.compile_timeout,
+        limits=limits_for(
+            principal.quota,
+            memory_mb=body.memory_limit_mb,
             run_timeout_s=body.run_timeout,
-            memory_mb=memory,
+            compile_timeout_s=body.compile_timeout,
         ),
     )
 
@@ -47,9 +47,8 @@ def to_spec(body: RunRequest, max_memory_mb: int) -> RunSpec:
 )
 async def run(call: Call) -> RunResponse:
     principal = call.tenant
-    spec = to_spec(call.body, principal.quota.max_memory_mb)
-    row, result = await call.services.executor.run(principal, spec)
-    return run_response(row, result)
+    row = await call.services.invocations.run(principal, to_spec(call.body, principal))
+    return run_response(row)
 
 
 @endpoint(
@@ -63,15 +62,14 @@ async def run(call: Call) -> RunResponse:
 async def run_batch(call: Call) -> BatchRunResponse:
     principal = call.tenant
     body: BatchRunRequest = call.body
-    executor = call.services.executor
+    invocations = call.services.invocations
 
     async def one(request: RunRequest) -> BatchItem:
         try:
-            spec = to_spec(request, principal.quota.max_memory_mb)
-            row, result = await executor.run(principal, spec)
+            row = await invocations.run(principal, to_spec(request, principal))
         except CorralError as exc:  # each item is admitted and answered on its own
             return BatchItem(error=BatchItemError(code=exc.code, message=exc.message))
-        return BatchItem(result=run_response(row, result))
+        return BatchItem(result=run_response(row))
 
     items = await asyncio.gather(*(one(r) for r in body.runs))
     return BatchRunResponse(results=list(items))

@@ -25,8 +25,9 @@ class RuntimeList(BaseModel):
     response=RuntimeList,
 )
 async def list_runtimes(call: Call) -> RuntimeList:
-    nodes = await call.services.dispatcher.live_nodes()
-    offered = await call.services.executor.languages()
+    catalogue = call.services.catalogue
+    nodes = await catalogue.nodes()
+    offered = catalogue.languages(nodes)
     return RuntimeList(
         languages=[RuntimeLanguage(language=k, runtime=v) for k, v in sorted(offered.items())],
         nodes=len(nodes),

@@ -2,8 +2,8 @@
 
 Keyless requests (verl and the SandboxFusion clients send no key) act as the configured
 default tenant, which the embedded default enables for loopback clients only. A
-requested memory limit over the tenant's quota is capped, not refused, because these
-clients treat any non-200 answer as a failed reward.
+requested limit over the tenant's quota is capped, not refused, because these clients
+treat any non-200 answer as a failed reward.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from __future__ import annotations
 from pydantic import RootModel
 
 from app.http.endpoint import Call, endpoint
-from app.routes.present import stored_result
+from app.invocations.limits import limits_for
+from app.invocations.projection import stored_result
 from app.schemas.sandboxfusion import (
     SfCommandRunResult,
     SfCommandStatus,
@@ -19,10 +20,7 @@ from app.schemas.sandboxfusion import (
     SfRunCodeResponse,
     SfRunStatus,
 )
-from runtimes.models import RunLimits, RunResult, RunSpec, StageResult, StageStatus
-
-#: Memory for a request that says -1, unless the tenant's maximum is lower.
-DEFAULT_MEMORY_MB = 512
+from wire.execution import RunResult, RunSpec, StageResult, StageStatus
 
 
 class Pong(RootModel[str]):
@@ -53,22 +51,22 @@ async def ping(call: Call) -> Pong:
 async def run_code(call: Call) -> SfRunCodeResponse:
     body: SfRunCodeRequest = call.body
     principal = call.tenant
-    quota = principal.quota
-    memory = body.memory_limit_MB if body.memory_limit_MB > 0 else DEFAULT_MEMORY_MB
     spec = RunSpec(
         language=body.language,
         code=body.code,
         stdin=body.stdin or "",
         files={k: v for k, v in body.files.items() if v is not None},
         fetch_files=body.fetch_files,
-        limits=RunLimits(
-            compile_timeout_s=min(body.compile_timeout, quota.max_wall_seconds),
-            run_timeout_s=min(body.run_timeout, quota.max_wall_seconds),
-            memory_mb=max(16, min(memory, quota.max_memory_mb)),
+        limits=limits_for(
+            principal.quota,
+            memory_mb=body.memory_limit_MB if body.memory_limit_MB > 0 else None,
+            run_timeout_s=body.run_timeout,
+            compile_timeout_s=body.compile_timeout,
+            on_excess="cap",
         ),
     )
-    row, result = await call.services.executor.run(principal, spec)
-    return to_response(result or stored_result(row), invocation_id=row.id, node_id=row.node_id)
+    row = await call.services.invocations.run(principal, spec)
+    return to_response(stored_result(row), invocation_id=row.id, node_id=row.node_id)
 
 
 def to_response(

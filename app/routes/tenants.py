@@ -5,7 +5,7 @@ from __future__ import annotations
 from app.db import tenants as repo
 from app.db.models import ApiKey, Tenant
 from app.http.endpoint import Call, endpoint
-from app.quotas.model import QuotaLimits
+from app.quotas.spec import QuotaLimits
 from app.schemas.common import Page
 from app.schemas.tenants import (
     KeyCreate,
@@ -34,16 +34,12 @@ TAGS = ["tenants"]
 )
 async def create_tenant(call: Call) -> TenantCreated:
     body: TenantCreate = call.body
-    defaults = QuotaLimits.from_defaults(call.services.settings.quota)
-    quota = QuotaLimits(
-        **{f: getattr(defaults, f) for f in QuotaLimits.__slots__}
-        | body.quota.model_dump(exclude_none=True)
-    )
+    quota = call.services.settings.quota.limits().merged(body.quota)
     async with call.services.sessions.begin() as session:
         tenant, key, plaintext = await repo.create_tenant(
             session, name=body.name, quota=quota, key_name=body.key_name
         )
-    return TenantCreated(tenant=TenantOut.model_validate(tenant), key=_new_key(key, plaintext))
+    return TenantCreated(tenant=_tenant_out(call, tenant), key=_new_key(key, plaintext))
 
 
 @endpoint(
@@ -60,7 +56,7 @@ async def list_tenants(call: Call) -> TenantList:
     async with call.services.sessions() as session:
         rows = await repo.list_tenants(session, limit=page.limit, after=page.after)
     return TenantList(
-        tenants=[TenantOut.model_validate(t) for t in rows],
+        tenants=[_tenant_out(call, t) for t in rows],
         next_after=rows[-1].id if len(rows) == page.limit else None,
     )
 
@@ -76,7 +72,7 @@ async def list_tenants(call: Call) -> TenantList:
 async def get_tenant(call: Call) -> TenantOut:
     async with call.services.sessions() as session:
         tenant = await repo.get_tenant(session, tenant_id=call.path["tenant_id"])
-    return TenantOut.model_validate(tenant)
+    return _tenant_out(call, tenant)
 
 
 @endpoint(
@@ -99,7 +95,7 @@ async def update_tenant(call: Call) -> TenantOut:
             disabled=body.disabled,
             quota=body.quota.model_dump(exclude_none=True) if body.quota else None,
         )
-        out = TenantOut.model_validate(tenant)
+        out = _tenant_out(call, tenant)
     call.services.authenticator.forget_tenant(tenant_id)
     return out
 
@@ -152,6 +148,16 @@ async def revoke_key(call: Call) -> KeyOut:
         out = KeyOut.model_validate(key)
     call.services.authenticator.forget_tenant(tenant_id)
     return out
+
+
+def _tenant_out(call: Call, tenant: Tenant) -> TenantOut:
+    return TenantOut(
+        id=tenant.id,
+        name=tenant.name,
+        disabled=tenant.disabled,
+        created_at=tenant.created_at,
+        quota=QuotaLimits.stored(tenant.quota.limits, call.services.settings.quota.limits()),
+    )
 
 
 def _new_key(key: ApiKey, plaintext: str) -> NewKeyOut:

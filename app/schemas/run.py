@@ -7,7 +7,7 @@ from datetime import datetime
 from pydantic import BaseModel, Field
 
 from app.schemas.common import Strict
-from runtimes.models import StageResult
+from wire.execution import StageResult
 
 
 class RunRequest(Strict):

@@ -2,7 +2,7 @@
 
 Importing this package registers the backend as ``"nsjail"``. Modules, one concept each:
 
-* ``config``    tunables (``NsjailConfig``) and their derivation from ``Settings``
+* ``config``    tunables (``NsjailConfig``) and their derivation from ``NodeSettings``
 * ``seccomp``   the Kafel seccomp policy
 * ``cgroups``   cgroup v1/v2 detection, nsjail flags, per-jail limits and OOM counter
 * ``command``   the nsjail command line: namespaces, mounts, rlimits
@@ -25,12 +25,12 @@ from runtimes.nsjail.config import NsjailConfig
 from runtimes.nsjail.runtime import NsjailRuntime
 
 if TYPE_CHECKING:
-    from app.settings import Settings
+    from runtimes.node.settings import NodeSettings
 
 __all__ = ["NsjailConfig", "NsjailRuntime"]
 
 
-def _factory(settings: Settings) -> Runtime:
+def _factory(settings: NodeSettings) -> Runtime:
     return NsjailRuntime(NsjailConfig.from_settings(settings))
 
 

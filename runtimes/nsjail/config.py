@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
-    from app.settings import Settings
+    from runtimes.node.settings import NodeSettings
 
 MIB = 1024 * 1024
 
@@ -81,7 +81,7 @@ class NsjailConfig(BaseModel):
     )
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> NsjailConfig:
+    def from_settings(cls, settings: NodeSettings) -> NsjailConfig:
         """Defaults scaled to the node, overlaid with ``settings.nsjail`` when present."""
         derived: dict[str, Any] = {
             # every slot busy, plus a warm spare per language, plus head-room for idle jails

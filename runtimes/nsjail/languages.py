@@ -16,8 +16,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from runtimes.models import RunSpec
 from runtimes.nsjail.config import MIB, NsjailConfig
+from wire.execution import RunSpec
 
 logger = logging.getLogger(__name__)
 

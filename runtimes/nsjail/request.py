@@ -10,10 +10,10 @@ import base64
 import binascii
 from typing import Any
 
-from runtimes.models import RunSpec
 from runtimes.nsjail.config import MIB, NsjailConfig
 from runtimes.nsjail.languages import LanguageSpec, StagePlan
 from runtimes.workfiles import InvalidSpec, check_relpath
+from wire.execution import RunSpec
 
 
 def _utf8_size(text: str, what: str) -> int:

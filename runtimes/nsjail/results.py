@@ -18,8 +18,8 @@ from __future__ import annotations
 import signal
 from typing import Any
 
-from runtimes.models import RunResult, StageResult, StageStatus
 from runtimes.nsjail.languages import StagePlan
+from wire.execution import RunResult, StageResult, StageStatus
 
 
 def _signal_name(signum: int) -> str:

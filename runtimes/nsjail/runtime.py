@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from runtimes.base import Runtime
-from runtimes.models import LanguageInfo, RunResult, RunSpec, StageResult, StageStatus
 from runtimes.nsjail import cgroups, command, request, results
 from runtimes.nsjail.config import MIB, NsjailConfig
 from runtimes.nsjail.jail import Jail, JailDied, JailError, JailTimeout
@@ -22,6 +21,7 @@ from runtimes.nsjail.languages import plan as plan_stages
 from runtimes.nsjail.pool import JailPool
 from runtimes.nsjail.stagelimits import StageLimits
 from runtimes.workfiles import InvalidSpec
+from wire.execution import LanguageInfo, RunResult, RunSpec, StageResult, StageStatus
 
 logger = logging.getLogger(__name__)
 

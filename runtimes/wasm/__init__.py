@@ -2,7 +2,7 @@
 
 Importing this package registers the backend as ``"wasm"``. Modules, one concept each:
 
-* ``config``     tunables (``WasmConfig``) and their derivation from ``Settings``
+* ``config``     tunables (``WasmConfig``) and their derivation from ``NodeSettings``
 * ``engine``     the wasmtime Engine of a configuration, its WASI linker, the epoch ticker
 * ``hostcalls``  our ``poll_oneoff``/``clock_time_get``: sleeps bounded by the deadline
 * ``cache``      compiled ``.cwasm`` files per engine fingerprint and module hash
@@ -30,12 +30,12 @@ from runtimes.wasm.config import WasmConfig
 from runtimes.wasm.runtime import WasmRuntime
 
 if TYPE_CHECKING:
-    from app.settings import Settings
+    from runtimes.node.settings import NodeSettings
 
 __all__ = ["WasmConfig", "WasmRuntime"]
 
 
-def _factory(settings: Settings) -> Runtime:
+def _factory(settings: NodeSettings) -> Runtime:
     return WasmRuntime(WasmConfig.from_settings(settings))
 
 

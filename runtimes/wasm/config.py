@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
-    from app.settings import Settings
+    from runtimes.node.settings import NodeSettings
 
 MIB = 1024 * 1024
 
@@ -115,7 +115,7 @@ class WasmConfig(BaseModel):
         return self.interpreters_dir or self.data_dir / "wasm" / "interpreters"
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> WasmConfig:
+    def from_settings(cls, settings: NodeSettings) -> WasmConfig:
         """Defaults scaled to the node, overlaid with ``settings.wasm`` when present."""
         derived: dict[str, Any] = {
             "data_dir": settings.data_dir,

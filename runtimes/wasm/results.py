@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from wasmtime import TrapCode
 
-from runtimes.models import StageResult, StageStatus
 from runtimes.wasm.instance import CallLimits, Outcome
 from runtimes.wasm.output import OutputCapture
+from wire.execution import StageResult, StageStatus
 
 MIB = 1024 * 1024
 #: Memory this close to the cap counts as exhausted for a failed run.

@@ -22,7 +22,6 @@ from collections.abc import Sequence
 from wasmtime import _wasi as wasmtime_wasi
 
 from runtimes.base import Runtime
-from runtimes.models import LanguageInfo, RunResult, RunSpec, StageResult, StageStatus
 from runtimes.wasm import languages, results
 from runtimes.wasm.bootstrap import READY_MARKER
 from runtimes.wasm.cache import ModuleCache
@@ -35,6 +34,7 @@ from runtimes.wasm.output import OutputCapture
 from runtimes.wasm.pool import WarmPool, WarmupError
 from runtimes.wasm.workdir import HostDir, decode_files
 from runtimes.workfiles import InvalidSpec
+from wire.execution import LanguageInfo, RunResult, RunSpec, StageResult, StageStatus
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtimes.models import RunSpec
 from runtimes.workfiles import InvalidSpec, check_relpath
+from wire.execution import RunSpec
 
 
 def decode_files(spec: RunSpec, *, max_bytes: int) -> dict[str, bytes]:

@@ -28,6 +28,7 @@ def _env(postgres_url: str, redis_url: str, **extra: str) -> dict[str, str]:
         "CORRAL_HEARTBEAT_SECONDS": "0.3",
         "CORRAL_NODE_DEAD_AFTER_SECONDS": "1.5",
         "CORRAL_NODE_SLOTS": "1",
+        "CORRAL_NODE_PORT": "0",
         **extra,
     }
 

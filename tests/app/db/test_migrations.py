@@ -3,6 +3,7 @@ between the ORM models and what the migrations build."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -74,7 +75,7 @@ def test_models_define_the_expected_tables() -> None:
         "function_artifacts",
         "invocations",
         "sandboxes",
-        "nodes",
+        "usage_events",
         "usage_rollups",
     }
     assert expected == MODEL_TABLES
@@ -85,7 +86,7 @@ async def test_upgrade_downgrade_upgrade(engine: AsyncEngine) -> None:
 
     await upgrade(engine, "head")
     assert await _tables(engine) == MODEL_TABLES | {"alembic_version"}
-    assert await _revision(engine) == "0002"
+    assert await _revision(engine) == "0003"
 
     await downgrade(engine, "base")
     assert await _tables(engine) == {"alembic_version"}
@@ -93,7 +94,7 @@ async def test_upgrade_downgrade_upgrade(engine: AsyncEngine) -> None:
 
     await upgrade(engine, "head")
     assert await _tables(engine) == MODEL_TABLES | {"alembic_version"}
-    assert await _revision(engine) == "0002"
+    assert await _revision(engine) == "0003"
 
 
 async def test_upgrade_is_idempotent(engine: AsyncEngine) -> None:
@@ -122,3 +123,70 @@ async def test_drift_check_notices_a_model_change(engine: AsyncEngine) -> None:
     assert [(d[2], d[3].name) for d in added] == [("invocations", "priority")]
     modified = [d[0] for d in diffs if isinstance(d, list)]
     assert [(m[0], m[2], m[3]) for m in modified] == [("modify_type", "tenants", "name")]
+
+
+async def test_0003_keeps_quotas_usage_and_functions(engine: AsyncEngine) -> None:
+    """Rows written under 0002 read the same under 0003, and back again on downgrade."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy import text
+
+    await upgrade(engine, "0002")
+    limits = {
+        "max_concurrent_executions": 3,
+        "max_concurrent_sandboxes": 1,
+        "executions_per_second": 5.0,
+        "burst": 9,
+        "cpu_seconds_per_day": 100.0,
+        "max_memory_mb": 256,
+        "max_wall_seconds": 20.0,
+        "max_sandbox_lifetime_seconds": 60,
+    }
+    async with engine.begin() as conn:
+        await conn.execute(
+            text(
+                "INSERT INTO tenants (id, name, disabled, created_at, updated_at) "
+                "VALUES ('ten_1', 't', false, :now, :now)"
+            ),
+            {"now": datetime(2026, 11, 1, tzinfo=UTC)},
+        )
+        await conn.execute(
+            text(
+                "INSERT INTO quotas (tenant_id, updated_at, "
+                + ", ".join(limits)
+                + ") VALUES ('ten_1', '2026-11-01 00:00:00+00:00', :"
+                + ", :".join(limits)
+                + ")"
+            ),
+            limits,
+        )
+        await conn.execute(
+            text(
+                "INSERT INTO usage_rollups (tenant_id, day, kind, invocations, failures, "
+                "queue_ms, setup_ms, exec_ms, teardown_ms, cpu_ms) "
+                "VALUES ('ten_1', '2026-11-02', 'run', 7, 2, 1, 2, 3, 4, 5)"
+            )
+        )
+        await conn.execute(
+            text(
+                "INSERT INTO functions (id, tenant_id, name, runtime, aliases, created_at) "
+                "VALUES ('fn_1', 'ten_1', 'f', 'python', '{}', '2026-11-01 00:00:00+00:00')"
+            )
+        )
+
+    await upgrade(engine, "0003")
+    async with engine.connect() as conn:
+        stored = (await conn.execute(text("SELECT limits FROM quotas"))).scalar_one()
+        rollup = (await conn.execute(text("SELECT hour, events, cpu_ms FROM usage_rollups"))).one()
+        language = (await conn.execute(text("SELECT language FROM functions"))).scalar_one()
+    assert (stored if isinstance(stored, dict) else json.loads(stored)) == limits
+    assert (rollup.events, rollup.cpu_ms) == (7, 5.0)
+    assert str(rollup.hour).startswith("2026-11-02 00:00:00")
+    assert language == "python"
+
+    await downgrade(engine, "0002")
+    async with engine.connect() as conn:
+        burst = (await conn.execute(text("SELECT burst FROM quotas"))).scalar_one()
+        day = (await conn.execute(text("SELECT invocations, cpu_ms FROM usage_rollups"))).one()
+        runtime = (await conn.execute(text("SELECT runtime FROM functions"))).scalar_one()
+    assert (burst, tuple(day), runtime) == (9, (7, 5.0), "python")

@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +21,14 @@ from redis.asyncio import Redis
 from app.db import tenants, usage
 from app.db.engine import make_engine, make_sessionmaker
 from app.db.migrate import upgrade
-from app.dispatch import keys
+from app.db.models import UsageEvent
 from app.errors import ConcurrencyLimited, CpuQuotaExhausted, RateLimited
 from app.quotas.admission import LEASE_GRACE_S, Admission
 from app.quotas.counters import MemoryCounters, QuotaCounters
 from app.quotas.cpu import CpuUsage
-from app.quotas.model import QuotaLimits
 from app.quotas.redis_counters import RedisCounters
+from app.quotas.spec import QuotaLimits
+from wire import keys
 
 TENANT = "ten_test"
 
@@ -44,7 +45,7 @@ QUOTA = QuotaLimits(
 
 
 def quota(**overrides: Any) -> QuotaLimits:
-    return replace(QUOTA, **overrides)
+    return QUOTA.model_copy(update=overrides)
 
 
 class FakeCpu:
@@ -495,23 +496,30 @@ async def test_cpu_budget_exhausted(harness: Harness) -> None:
         pass
 
 
-async def test_cpu_budget_read_from_usage_rollups(tmp_path: Path) -> None:
+async def test_cpu_budget_read_from_rollups_and_events_not_rolled_up(tmp_path: Path) -> None:
     engine = make_engine(f"sqlite+aiosqlite:///{tmp_path}/cpu.db")
     try:
         await upgrade(engine)
         sessions = make_sessionmaker(engine)
         async with sessions.begin() as session:
             tenant, _key, _plain = await tenants.create_tenant(session, name="cpu", quota=QUOTA)
-            today = datetime.now(UTC).date()
-            for cpu_ms in (1500.0, 1000.0):
-                await usage.record(
-                    session,
-                    tenant_id=tenant.id,
-                    kind="run",
-                    day=today,
-                    failed=False,
-                    costs={"cpu_ms": cpu_ms},
+        now = datetime.now(UTC)
+        yesterday = now - timedelta(days=1)
+        for n, (cpu_ms, when) in enumerate([(1500.0, now), (400.0, yesterday), (1000.0, now)]):
+            async with sessions.begin() as session:
+                session.add(
+                    UsageEvent(
+                        occurred_at=when,
+                        tenant_id=tenant.id,
+                        subject="invocation",
+                        subject_id=f"inv_{n}",
+                        kind="run",
+                        cpu_ms=cpu_ms,
+                    )
                 )
+            if n == 1:  # the first two are rolled up, the last is not yet
+                async with sessions.begin() as session:
+                    assert await usage.roll_up(session) == 2
 
         cpu = CpuUsage(sessions, cache_seconds=0)
         assert await cpu.used_today(tenant.id) == pytest.approx(2.5)

@@ -21,7 +21,7 @@ from starlette.testclient import TestClient
 
 from app.main import create_app
 from app.settings import Settings
-from tests.conftest import ADMIN, ADMIN_KEY
+from tests.conftest import ADMIN, ADMIN_KEY, node_settings
 
 REPO = Path(__file__).resolve().parents[3]
 INTERPRETERS = Path(os.environ.get("CORRAL_DATA_DIR", REPO / "var")) / "wasm" / "interpreters"
@@ -36,9 +36,12 @@ def _client(tmp: Path, runtimes: list[str]) -> Iterator[TestClient]:
         dev_mode=True,
         admin_key=ADMIN_KEY,
         data_dir=tmp,
-        runtimes=runtimes,
-        wasm={"interpreters_dir": str(INTERPRETERS), "warm_per_language": 1},
-        nsjail={"warm_per_language": 1},
+        node=node_settings(
+            tmp,
+            runtimes=runtimes,
+            wasm={"interpreters_dir": str(INTERPRETERS), "warm_per_language": 1},
+            nsjail={"warm_per_language": 1},
+        ),
     )
     with TestClient(create_app(settings)) as client:
         yield client

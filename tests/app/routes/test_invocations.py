@@ -173,7 +173,10 @@ def test_paging_does_not_skip_rows_with_equal_timestamps(
     """Rows created in the same instant all appear exactly once across pages."""
     from datetime import UTC, datetime
 
+    from sqlalchemy import update
+
     from app.db import invocations as repo
+    from app.db.models import Invocation
 
     tenant = new_tenant()
     services = client.app.state.services  # type: ignore[attr-defined]
@@ -181,17 +184,25 @@ def test_paging_does_not_skip_rows_with_equal_timestamps(
 
     async def insert() -> None:
         async with services.sessions.begin() as session:
-            for n in range(5):
-                row = await repo.create(
-                    session,
+            writes = [
+                repo.Create(
                     invocation_id=f"inv_tie{n}",
                     tenant_id=tenant["id"],
                     kind="run",
                     runtime="fake",
                     language="fake",
                     request={},
+                    claim="c",
+                    job="{}",
                 )
-                row.created_at = instant
+                for n in range(5)
+            ]
+            await repo.Create.run_many(session, writes)
+            await session.execute(
+                update(Invocation)
+                .where(Invocation.id.like("inv_tie%"))
+                .values(created_at=instant, status="succeeded", job=None)
+            )
 
     client.portal.call(insert)  # type: ignore[union-attr]
     seen: list[str] = []

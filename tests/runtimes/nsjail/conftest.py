@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from runtimes.models import RunLimits, RunResult, RunSpec
 from runtimes.nsjail import NsjailConfig, NsjailRuntime
 from runtimes.nsjail.command import nsjail_binary
+from wire.execution import RunLimits, RunResult, RunSpec
 
 RunFn = Callable[..., Coroutine[Any, Any, RunResult]]
 

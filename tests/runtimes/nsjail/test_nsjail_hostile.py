@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from runtimes.models import StageStatus
 from runtimes.nsjail import NsjailRuntime
+from wire.execution import StageStatus
 
 pytestmark = [pytest.mark.nsjail, pytest.mark.asyncio(loop_scope="module")]
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from runtimes.models import StageStatus
 from runtimes.nsjail import NsjailRuntime
+from wire.execution import StageStatus
 
 RunFn = Callable[..., Any]
 

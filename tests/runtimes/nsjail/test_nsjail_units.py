@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 
-from app.settings import Settings
 from runtimes import registry
-from runtimes.models import RunLimits, RunSpec, StageStatus
+from runtimes.node.settings import NodeSettings
 from runtimes.nsjail import NsjailConfig, NsjailRuntime
 from runtimes.nsjail.cgroups import CgroupMode, CgroupSetup
 from runtimes.nsjail.command import JailCommand
@@ -21,6 +20,7 @@ from runtimes.nsjail.request import check, output_cap, zygote_memory_mb
 from runtimes.nsjail.results import classify
 from runtimes.nsjail.seccomp import kafel_policy
 from runtimes.workfiles import InvalidSpec
+from wire.execution import RunLimits, RunSpec, StageStatus
 
 REQUIRED_DENIED = {
     "ptrace", "mount", "umount", "kexec_load", "kexec_file_load", "bpf", "perf_event_open",
@@ -185,7 +185,7 @@ def test_output_cap_and_zygote_memory() -> None:
 
 
 def test_config_from_settings() -> None:
-    settings = Settings(dev_mode=True, node_slots=3)
+    settings = NodeSettings(dev_mode=True, node_slots=3)
     config = NsjailConfig.from_settings(settings)
     assert config.max_jails == 14 and config.require_cgroups is False
     prod = SimpleNamespace(node_slots=8, dev_mode=False, nsjail={"max_uses_per_jail": 7})
@@ -195,6 +195,6 @@ def test_config_from_settings() -> None:
 
 def test_registered_under_its_name() -> None:
     assert "nsjail" in registry.names()
-    runtime = registry.create("nsjail", Settings(dev_mode=True))
+    runtime = registry.create("nsjail", NodeSettings(dev_mode=True))
     assert isinstance(runtime, NsjailRuntime)
     assert runtime.stats() == {"warm": 0, "busy": 0, "starting": 0}

@@ -25,10 +25,10 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from runtimes.models import RunLimits, RunResult, RunSpec
 from runtimes.wasm import WasmConfig, WasmRuntime
 from runtimes.wasm.languages import QUICKJS_FILE
 from runtimes.wasm.modules import LoadedModule
+from wire.execution import RunLimits, RunResult, RunSpec
 
 REPO = Path(__file__).resolve().parents[3]
 RunFn = Callable[..., Coroutine[Any, Any, RunResult]]

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from app.settings import Settings
 from runtimes import registry
-from runtimes.models import RunSpec, StageStatus
+from runtimes.node.settings import NodeSettings
 from runtimes.wasm import WasmConfig, WasmRuntime
 from runtimes.wasm.languages import PYTHON_WASM_SHA256
 from runtimes.wasm.modules import LoadedModule
+from wire.execution import RunSpec, StageStatus
 
 RunFn = Callable[..., Any]
 
@@ -166,13 +166,15 @@ async def test_corrupt_interpreter_fails_start_when_strict(
 
 async def test_registered_and_built_from_settings(wasm_data_dir: Path) -> None:
     assert "wasm" in registry.names()
-    settings = Settings(dev_mode=True, data_dir=wasm_data_dir, node_slots=3)
+    settings = NodeSettings(dev_mode=True, data_dir=wasm_data_dir, node_slots=3)
     rt = registry.create("wasm", settings)
     assert isinstance(rt, WasmRuntime)
     assert rt.config.data_dir == wasm_data_dir
     assert rt.config.warm_per_language == 3
     assert not rt.config.strict_interpreters
-    assert WasmConfig.from_settings(Settings(dev_mode=True, node_slots=64)).warm_per_language == 4
+    assert (
+        WasmConfig.from_settings(NodeSettings(dev_mode=True, node_slots=64)).warm_per_language == 4
+    )
     await rt.close()
 
 

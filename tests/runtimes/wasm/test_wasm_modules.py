@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from wasmtime import wat2wasm
 
-from runtimes.models import StageStatus
 from runtimes.wasm import WasmRuntime
+from wire.execution import StageStatus
 
 RunModule = Callable[..., Any]
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from runtimes.models import StageStatus
 from runtimes.wasm import WasmRuntime
+from wire.execution import StageStatus
 
 RunFn = Callable[..., Any]
 

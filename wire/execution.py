@@ -1,4 +1,4 @@
-"""What an execution asks for and what it returns: the data plane's wire types.
+"""What an execution asks for and what it returns: the wire types of one execution.
 
 These travel as JSON between gateway and node (never pickle), so they are pydantic
 models with only plain fields.
@@ -83,6 +83,13 @@ class RunResult(BaseModel):
     def succeeded(self) -> bool:
         stages = [s for s in (self.compile, self.run) if s is not None]
         return self.error is None and bool(stages) and all(s.ok for s in stages)
+
+    @property
+    def outcome(self) -> str:
+        """``succeeded``, ``failed`` (the code failed) or ``errored`` (the platform did)."""
+        if self.error is not None:
+            return "errored"
+        return "succeeded" if self.succeeded else "failed"
 
 
 class LanguageInfo(BaseModel):

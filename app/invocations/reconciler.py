@@ -1,0 +1,329 @@
+"""The reconciler: nothing accepted is lost, nothing is left open, on start-up too.
+
+One gateway leads (``app.invocations.leader``) and, every ``reconcile_seconds``, judges
+each invocation that has been open longer than ``reconcile_grace_seconds`` by its
+dispatch marker and the liveness of the nodes:
+
+======================================  =============================================
+what it finds                           verdict
+======================================  =============================================
+a marker claimed by a live node         running: leave it
+... but open past its limits + grace    stuck: hand out again (or fail)
+a marker claimed by a dead node         lost on that node: hand out again (or fail)
+  (or by an earlier incarnation of it)
+an unclaimed marker placed on a dead    lost in transit: hand out again
+  node
+an unclaimed marker on a live stream    waiting: leave it (the marker expires if no
+                                        node ever takes it)
+no marker, or one for an older claim    never sent (the gateway died or its dispatch
+                                        failed), or Redis lost it: hand out again
+======================================  =============================================
+
+"Hand out again" is one compare-and-set on the row (``Reissue``: a new claim token,
+one more attempt) followed by a dispatch of the Job the row keeps; from then on only the
+new token can store a result, so an execution that runs twice says so in ``attempts``.
+An execution that had started (a node claimed it) is failed instead, ``errored`` with a
+reason beginning "lost:", once it has had ``max_attempts``; one that never started is
+handed out up to ``max_attempts + NEVER_STARTED_EXTRA`` times.
+
+The leader also records what dead gateways left on their results streams (their
+callers are gone, the outcome is not), forgets long-dead gateways and nodes, and rolls
+usage events up into hourly rollups.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy.ext.asyncio import async_sessionmaker
+
+from app.db import invocations, usage
+from app.db.models import utcnow
+from app.db.writer import BatchWriter
+from app.dispatch.transport import GatewayTransport
+from app.invocations.leader import Election
+from app.invocations.recorder import Recorder
+from app.invocations.service import Timing
+from app.metrics import Metrics
+from wire.ids import new_claim
+from wire.messages import Job, Marker, NodeReport, Stored
+
+log = logging.getLogger(__name__)
+
+#: Extra hand-outs of an execution that no node ever started.
+NEVER_STARTED_EXTRA = 3
+#: Open invocations judged per pass.
+BATCH = 2000
+#: A dead gateway or node is forgotten (its streams deleted) after this long.
+FORGET_AFTER_S = 600.0
+#: Entries of dead gateways' results streams recorded per pass.
+ADOPT_PER_PASS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    grace_s: float  #: an invocation younger than this is not judged
+    stuck_grace_s: float  #: a claimed execution open this long past its limits is stuck
+    max_attempts: int
+    timing: Timing
+
+
+@dataclass
+class Pass:
+    """What one pass did (for metrics, logs and tests)."""
+
+    judged: int = 0
+    reissued: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    adopted: int = 0
+    rolled_up: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Verdict:
+    lost: bool
+    started: bool = False
+    reason: str = ""
+
+
+_KEEP = _Verdict(lost=False)
+
+
+class Reconciler:
+    def __init__(
+        self,
+        *,
+        sessions: async_sessionmaker[Any],
+        writer: BatchWriter,
+        transport: GatewayTransport,
+        recorder: Recorder,
+        election: Election,
+        metrics: Metrics,
+        policy: Policy,
+        interval_s: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._sessions = sessions
+        self._writer = writer
+        self._transport = transport
+        self._recorder = recorder
+        self._election = election
+        self._metrics = metrics
+        self._policy = policy
+        self._interval_s = interval_s
+        self._clock = clock
+        self._dead_since: dict[str, float] = {}
+        self.leading = False
+
+    async def run(self) -> None:
+        """Lead when possible and reconcile every interval, from the first moment."""
+        while True:
+            try:
+                self.leading = await self._election.lead()
+                if self.leading:
+                    done = await self.reconcile()
+                    if done.reissued or done.failed or done.adopted:
+                        log.info(
+                            "reconciler: %d judged, %d handed out again, %d failed as lost, "
+                            "%d adopted results",
+                            done.judged,
+                            len(done.reissued),
+                            len(done.failed),
+                            done.adopted,
+                        )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("reconciler: pass failed (%r); next in %.1fs", exc, self._interval_s)
+            await asyncio.sleep(self._interval_s)
+
+    async def reconcile(self) -> Pass:
+        """One pass (the caller leads)."""
+        done = Pass()
+        dead_gateways = set(await self._transport.dead_gateways())
+        await self._judge(done, dead_gateways)
+        await self._adopt(done, dead_gateways)
+        await self._forget_dead_nodes()
+        async with self._sessions.begin() as session:
+            done.rolled_up = await usage.roll_up(session)
+        self._metrics.reconciler.labels("reissued").inc(len(done.reissued))
+        self._metrics.reconciler.labels("failed").inc(len(done.failed))
+        self._metrics.reconciler.labels("passes").inc()
+        return done
+
+    # --- open invocations ------------------------------------------------------------
+    async def _judge(self, done: Pass, dead_gateways: set[str]) -> None:
+        before = utcnow() - timedelta(seconds=self._policy.grace_s)
+        async with self._sessions() as session:
+            rows = await invocations.open_rows(session, before=before, limit=BATCH)
+        if not rows:
+            return
+        done.judged = len(rows)
+        markers = await self._transport.markers([row.id for row in rows])
+        unmarked = [row.id for row in rows if _unmarked(row, markers.get(row.id))]
+        async with self._sessions() as session:
+            jobs = await invocations.jobs_of(session, unmarked)
+        live = {node.node_id: node for node in await self._transport.catalogue()}
+        now = self._clock()
+        verdicts = {
+            row.id: self._verdict(row, markers.get(row.id), jobs.get(row.id), live, now)
+            for row in rows
+        }
+        lost = [row for row in rows if verdicts[row.id].lost]
+        if not lost:
+            return
+        missing = [row.id for row in lost if row.id not in jobs]
+        if missing:
+            async with self._sessions() as session:
+                jobs.update(await invocations.jobs_of(session, missing))
+        for row in lost:
+            verdict = verdicts[row.id]
+            limit = self._policy.max_attempts + (0 if verdict.started else NEVER_STARTED_EXTRA)
+            job_json = jobs.get(row.id)
+            if job_json is None or row.attempts >= limit:
+                reason = verdict.reason if job_json else "its dispatch intent is missing"
+                await self._fail(
+                    done, row, job_json, f"lost: {reason}; not run again", dead_gateways
+                )
+            else:
+                await self._reissue(done, row, job_json, verdict.reason, dead_gateways)
+
+    def _verdict(
+        self,
+        row: invocations.OpenRow,
+        marker: Marker | None,
+        job_json: str | None,
+        live: dict[str, NodeReport],
+        now: float,
+    ) -> _Verdict:
+        if marker is None or _unmarked(row, marker):
+            if row.status != invocations.Status.RUNNING:
+                return _Verdict(True, False, "its hand-out never reached a node")
+            # Running, but its marker is gone (Redis lost it): while the node that started
+            # it is up, in the same incarnation, and within its limits, its result may come.
+            node = live.get(row.node_id or "")
+            started = row.started_at.timestamp() if row.started_at else 0.0
+            if node is not None and node.started_at <= started and job_json is not None:
+                limit = (
+                    Job.model_validate_json(job_json).deadline_seconds + self._policy.stuck_grace_s
+                )
+                if now - started <= limit:
+                    return _KEEP
+            return _Verdict(True, True, f"its hand-out on node {row.node_id} vanished")
+        if marker.claimed_by is not None:
+            node = live.get(marker.claimed_by)
+            if node is None or node.incarnation != marker.incarnation:
+                return _Verdict(True, True, f"node {marker.claimed_by} died running it")
+            limit = marker.deadline_s + self._policy.stuck_grace_s
+            if marker.claimed_at is not None and now - marker.claimed_at > limit:
+                return _Verdict(
+                    True, True, f"node {marker.claimed_by} did not finish it within {limit:g}s"
+                )
+            return _KEEP
+        if marker.placed_on is not None and marker.placed_on not in live:
+            return _Verdict(True, False, f"node {marker.placed_on} died before taking it")
+        return _KEEP
+
+    async def _reissue(
+        self,
+        done: Pass,
+        row: invocations.OpenRow,
+        job_json: str,
+        reason: str,
+        dead_gateways: set[str],
+    ) -> None:
+        claim = new_claim()
+        taken = await self._writer.write(
+            invocations.Reissue(invocation_id=row.id, claim=row.claim, new_claim=claim)
+        )
+        if not taken:  # stored or handed out meanwhile
+            return
+        previous = Job.model_validate_json(job_json)
+        job = previous.model_copy(
+            update={
+                "claim": claim,
+                "attempt": row.attempts + 1,
+                "enqueued_at": self._clock(),
+                "reply_to": self._reply_to(previous.reply_to, dead_gateways),
+            }
+        )
+        log.warning("inv=%s %s: handing it out again (attempt %d)", row.id, reason, job.attempt)
+        done.reissued.append(row.id)
+        try:
+            await self._transport.dispatch(
+                job,
+                node_id=None,
+                hold_s=self._policy.timing.hold_s,
+                queue_s=self._policy.timing.queue_s,
+            )
+        except Exception as exc:  # the next pass finds it without a marker and retries
+            log.warning("inv=%s dispatch failed: %r", row.id, exc)
+
+    async def _fail(
+        self,
+        done: Pass,
+        row: invocations.OpenRow,
+        job_json: str | None,
+        reason: str,
+        dead_gateways: set[str],
+    ) -> None:
+        stored = await self._writer.write(
+            invocations.Fail(invocation_id=row.id, claim=row.claim, error=reason)
+        )
+        if not stored:
+            return
+        log.error("inv=%s %s (after %d attempts)", row.id, reason, row.attempts)
+        done.failed.append(row.id)
+        if job_json is not None:
+            gateway = Job.model_validate_json(job_json).reply_to
+            if gateway not in dead_gateways:
+                try:
+                    await self._transport.notify(gateway, Stored(invocation_id=row.id))
+                except Exception as exc:  # its caller polls the row instead
+                    log.info("inv=%s could not notify gateway %s: %r", row.id, gateway, exc)
+
+    def _reply_to(self, gateway: str, dead_gateways: set[str]) -> str:
+        return self._transport.gateway_id if gateway in dead_gateways else gateway
+
+    # --- dead gateways and nodes -----------------------------------------------------
+    async def _adopt(self, done: Pass, dead_gateways: set[str]) -> None:
+        now = self._clock()
+        for gateway in sorted(dead_gateways):
+            drained = False
+            for _ in range(ADOPT_PER_PASS):
+                entries = await self._transport.adopt(gateway)
+                if not entries:
+                    drained = True
+                    break
+                await self._recorder.record(entries)
+                done.adopted += len(entries)
+            since = self._dead_since.setdefault(gateway, now)
+            if drained and now - since > FORGET_AFTER_S:
+                log.info(
+                    "reconciler: forgetting gateway %s (dead since %.0fs)", gateway, now - since
+                )
+                await self._transport.forget_gateway(gateway)
+                self._dead_since.pop(gateway, None)
+
+    async def _forget_dead_nodes(self) -> None:
+        now = self._clock()
+        runtimes: set[str] = set()
+        for node in await self._transport.catalogue():
+            runtimes.update(node.runtimes)
+        for node_id in await self._transport.dead_nodes():
+            since = self._dead_since.setdefault(node_id, now)
+            if now - since > FORGET_AFTER_S:
+                log.info("reconciler: forgetting node %s (dead since %.0fs)", node_id, now - since)
+                await self._transport.forget_node(node_id, sorted(runtimes))
+                self._dead_since.pop(node_id, None)
+
+
+def _unmarked(row: invocations.OpenRow, marker: Marker | None) -> bool:
+    """No marker of the row's current claim: never sent, or Redis lost it."""
+    return marker is None or marker.claim != row.claim

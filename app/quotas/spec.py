@@ -1,0 +1,77 @@
+"""A tenant's quota: its fields are declared here, once.
+
+``QuotaLimits`` is the value (immutable, cached by admission), the API's answer and
+the JSON stored in ``quotas.limits``; ``QuotaDefaults`` reads the defaults of new tenants
+from ``CORRAL_QUOTA_*``; ``QuotaPatch`` (any subset, every constraint kept) is derived
+from it. Adding a quota is adding a field below.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class QuotaLimits(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_concurrent_executions: int = Field(
+        16, ge=1, le=100_000, description="Executions running at once (more wait in admission)."
+    )
+    max_concurrent_sandboxes: int = Field(8, ge=0, le=100_000, description="Live sandboxes.")
+    executions_per_second: float = Field(
+        200.0, gt=0, le=1_000_000, description="Sustained rate of new executions."
+    )
+    burst: int = Field(
+        400, ge=1, le=10_000_000, description="Token-bucket size for executions_per_second."
+    )
+    cpu_seconds_per_day: float = Field(86_400.0, gt=0, description="CPU time per UTC day.")
+    max_memory_mb: int = Field(1024, ge=16, le=1_048_576, description="Memory of one execution.")
+    max_wall_seconds: float = Field(
+        60.0, gt=0, le=86_400, description="Time limit of one stage (compile or run)."
+    )
+    max_sandbox_lifetime_seconds: int = Field(
+        3600, ge=1, le=30 * 86_400, description="Lifetime of one sandbox."
+    )
+
+    def merged(self, patch: BaseModel | None) -> QuotaLimits:
+        """These limits with the fields ``patch`` sets replaced."""
+        if patch is None:
+            return self
+        return QuotaLimits.model_validate(self.model_dump() | patch.model_dump(exclude_none=True))
+
+    @classmethod
+    def stored(cls, limits: dict[str, Any], defaults: QuotaLimits) -> QuotaLimits:
+        """The limits kept in the database; a field added since falls back to ``defaults``."""
+        known = {k: v for k, v in limits.items() if k in cls.model_fields}
+        return cls.model_validate(defaults.model_dump() | known)
+
+
+class QuotaDefaults(QuotaLimits, BaseSettings):
+    """The quotas of a new tenant unless the admin says otherwise (``CORRAL_QUOTA_*``)."""
+
+    model_config = SettingsConfigDict(env_prefix="CORRAL_QUOTA_", extra="ignore", frozen=True)
+
+    def limits(self) -> QuotaLimits:
+        return QuotaLimits.model_validate(self.model_dump())
+
+
+def _patch_model() -> type[BaseModel]:
+    fields: dict[str, Any] = {
+        name: (
+            Annotated[info.annotation, *info.metadata] | None,
+            Field(None, description=info.description),
+        )
+        for name, info in QuotaLimits.model_fields.items()
+    }
+    return create_model(
+        "QuotaPatch",
+        __config__=ConfigDict(extra="forbid"),
+        __doc__="Any subset of a tenant's quotas.",
+        **fields,
+    )
+
+
+QuotaPatch = _patch_model()

@@ -1,0 +1,22 @@
+"""``python -m runtimes.node``: a node agent, without loading any of the control plane."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+from runtimes.node.main import run_node
+from runtimes.node.settings import NodeSettings
+
+
+def main() -> None:
+    logging.basicConfig(
+        level=os.environ.get("CORRAL_LOG_LEVEL", "INFO").upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    asyncio.run(run_node(NodeSettings()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""Running a node: its backends, its agent and its HTTP listener, released on exit.
+
+``running_node`` is shared by ``corral node`` (a separate node on Redis, ``run_node``)
+and ``corral serve`` (a node embedded beside the gateway, on the in-process transport).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import AsyncIterator
+
+from redis.asyncio import Redis
+
+from runtimes import registry
+from runtimes.base import Runtime
+from runtimes.node.agent import NodeAgent
+from runtimes.node.http import serving
+from runtimes.node.metrics import NodeMetrics
+from runtimes.node.redis import RedisNodeTransport
+from runtimes.node.settings import NodeSettings
+from runtimes.node.transport import NodeTransport
+
+log = logging.getLogger(__name__)
+
+
+@contextlib.asynccontextmanager
+async def running_node(
+    settings: NodeSettings,
+    transport: NodeTransport,
+    *,
+    metrics: NodeMetrics | None = None,
+    serve_http: bool = True,
+) -> AsyncIterator[NodeAgent]:
+    """A node agent with its backends started; on exit it drains and releases them."""
+    backends: dict[str, Runtime] = {}
+    try:
+        for name in settings.runtimes:
+            backends[name] = registry.create(name, settings)
+    except BaseException:
+        for backend in backends.values():
+            await backend.close()
+        raise
+    agent = NodeAgent(settings, transport, backends, metrics=metrics)
+    async with contextlib.AsyncExitStack() as stack:
+        if serve_http and settings.node_port is not None:
+            agent.address = await stack.enter_async_context(
+                serving(agent, settings.node_host, settings.node_port)
+            )
+        stack.push_async_callback(agent.close)  # also releases backends after a failed start
+        await agent.start()
+        yield agent
+
+
+async def run_node(settings: NodeSettings) -> None:
+    """``corral node``: serve until SIGTERM or SIGINT, then drain."""
+    if not settings.redis_url:
+        raise ValueError("a separate node needs CORRAL_REDIS_URL to reach the gateways")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    redis = Redis.from_url(settings.redis_url, decode_responses=True)
+    try:
+        transport = RedisNodeTransport(redis, dead_after_s=settings.node_dead_after_seconds)
+        async with running_node(settings, transport):
+            await stop.wait()
+            log.info("node %s: stopping", settings.resolved_node_id)
+    finally:
+        await redis.aclose()

@@ -1,0 +1,179 @@
+"""A node's transport on Redis: streams in, one claim script, a results stream out.
+
+A node reads its own job stream (``keys.jobs_for_node``) and the overflow stream of
+each of its runtimes (``keys.jobs``) in the ``NODE_GROUP`` consumer group, under its
+node id as consumer name. At start it first re-reads what it had taken before a restart
+(its pending entries). Claiming runs one Lua script that checks the Job's token against
+the dispatch marker, records this node as the holder and publishes ``Started`` on the
+gateway's results stream, all at once. A dropped delivery is acknowledged and deleted
+at once; a finished one is acknowledged by the recorder, after it stored the result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError, ResponseError
+
+from runtimes.node.transport import Claim, Delivery, NodeTransport
+from wire import keys
+from wire.messages import DeliveryRef, Finished, Job, NodeReport, PoolUsage, Started
+
+log = logging.getLogger(__name__)
+
+#: Results and events streams are capped (approximately) at this many entries.
+STREAM_MAXLEN = 1_000_000
+
+# KEYS[1] marker, KEYS[2] results stream
+# ARGV claim, node id, incarnation, now (epoch s), Started json, results stream maxlen
+_CLAIM = """
+local raw = redis.call('GET', KEYS[1])
+if not raw then return 'gone' end
+local m = cjson.decode(raw)
+if m['claim'] ~= ARGV[1] then return 'stale' end
+local holder = m['claimed_by']
+if holder and holder ~= cjson.null then
+  if holder == ARGV[2] and m['incarnation'] == ARGV[3] then return 'ok' end
+  return 'taken'
+end
+m['claimed_by'] = ARGV[2]
+m['incarnation'] = ARGV[3]
+m['claimed_at'] = tonumber(ARGV[4])
+local hold = math.ceil((tonumber(m['deadline_s']) + tonumber(m['hold_s'])) * 1000)
+redis.call('SET', KEYS[1], cjson.encode(m), 'PX', hold)
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', 'event', ARGV[5])
+return 'ok'
+"""
+
+
+class RedisNodeTransport(NodeTransport):
+    def __init__(self, redis: Redis, *, dead_after_s: float, poll_s: float = 1.0) -> None:
+        self._redis: Any = redis  # redis-py's stubs type replies as bytes | str | int
+        self._dead_after_ms = int(dead_after_s * 1000)
+        self._poll_ms = int(poll_s * 1000)
+        self._claim = redis.register_script(_CLAIM)
+
+    async def announce(self, report: NodeReport) -> None:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.set(keys.node(report.node_id), report.model_dump_json(), px=self._dead_after_ms)
+            pipe.sadd(keys.NODES, report.node_id)
+            await pipe.execute()
+
+    async def withdraw(self, node_id: str) -> None:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.delete(keys.node(node_id))
+            pipe.srem(keys.NODES, node_id)
+            await pipe.execute()
+
+    async def deliveries(
+        self, node_id: str, runtimes: list[str], capacity: Callable[[], int]
+    ) -> AsyncIterator[Delivery]:
+        streams = [keys.jobs_for_node(node_id), *(keys.jobs(r) for r in sorted(runtimes))]
+        await self._ensure_groups(streams)
+        # What this consumer took before a restart and never saw through comes first: its
+        # pending entries, read from the start of each stream's pending list.
+        after = dict.fromkeys(streams, "0")
+        while after:
+            batches = await self._redis.xreadgroup(
+                keys.NODE_GROUP, node_id, after, count=max(1, capacity())
+            )
+            for stream, entries in batches or []:
+                if not entries:
+                    after.pop(stream, None)
+                for entry_id, fields in entries:
+                    after[stream] = entry_id
+                    delivery = await self._decode(stream, entry_id, fields)
+                    if delivery is not None:
+                        yield delivery
+            if not batches:
+                break
+        while True:
+            try:
+                batches = await self._redis.xreadgroup(
+                    keys.NODE_GROUP,
+                    node_id,
+                    dict.fromkeys(streams, ">"),
+                    count=max(1, capacity()),
+                    block=self._poll_ms,
+                )
+            except ResponseError as exc:
+                # A stream or the group is gone (Redis restarted without persistence, or
+                # the reconciler deleted the stream of a node it thought dead).
+                if "NOGROUP" not in str(exc):
+                    raise
+                log.warning("node %s: job streams vanished (%s); recreating", node_id, exc)
+                await self._ensure_groups(streams)
+                continue
+            for stream, entries in batches or []:
+                for entry_id, fields in entries:
+                    delivery = await self._decode(stream, entry_id, fields)
+                    if delivery is not None:
+                        yield delivery
+
+    async def claim(self, delivery: Delivery, started: Started, *, incarnation: str) -> Claim:
+        job = delivery.job
+        outcome = await self._claim(
+            keys=[keys.inflight(job.invocation_id), keys.results(job.reply_to)],
+            args=[
+                job.claim,
+                started.node_id,
+                incarnation,
+                started.started_at,
+                started.model_dump_json(),
+                STREAM_MAXLEN,
+            ],
+        )
+        return Claim(outcome)
+
+    async def drop(self, delivery: Delivery) -> None:
+        await self._ack_delete(delivery.ref.stream, delivery.ref.entry_id)
+
+    async def _ack_delete(self, stream: str, entry_id: str) -> None:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.xack(stream, keys.NODE_GROUP, entry_id)
+            pipe.xdel(stream, entry_id)
+            await pipe.execute()
+
+    async def finish(self, delivery: Delivery, finished: Finished) -> None:
+        await self._redis.xadd(
+            keys.results(delivery.job.reply_to),
+            {"event": finished.model_dump_json()},
+            maxlen=STREAM_MAXLEN,
+            approximate=True,
+        )
+
+    async def publish(self, event: PoolUsage) -> None:
+        await self._redis.xadd(
+            keys.EVENTS, {"event": event.model_dump_json()}, maxlen=STREAM_MAXLEN, approximate=True
+        )
+
+    async def ready(self) -> bool:
+        try:
+            return bool(await self._redis.ping())
+        except (RedisError, OSError):
+            return False
+
+    async def _decode(
+        self, stream: str, entry_id: str, fields: dict[str, Any] | None
+    ) -> Delivery | None:
+        """The Delivery of an entry; an entry that is not a Job is dropped, not retried."""
+        try:
+            job = Job.model_validate_json((fields or {})["job"])
+        except (KeyError, ValueError):
+            log.error("stream %s entry %s: not a Job (or deleted); dropping it", stream, entry_id)
+            with contextlib.suppress(RedisError):
+                await self._ack_delete(stream, entry_id)
+            return None
+        return Delivery(job=job, ref=DeliveryRef(stream=stream, entry_id=entry_id))
+
+    async def _ensure_groups(self, streams: list[str]) -> None:
+        for stream in streams:
+            try:
+                await self._redis.xgroup_create(stream, keys.NODE_GROUP, id="0", mkstream=True)
+            except ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise

@@ -1,0 +1,83 @@
+"""A node agent's settings: everything the data plane can be told, and nothing more.
+
+A node needs a Redis URL (``corral node``) or an in-process transport (embedded in
+``corral serve``); it has no database URL, no admin key and runs no migrations. Built
+once from ``CORRAL_*`` variables by the CLI (or by the embedded app) and passed down.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any, Self
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class NodeSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CORRAL_", extra="ignore")
+
+    dev_mode: bool = Field(False, description="Allow the fake runtime. Never in production.")
+    node_id: str | None = Field(None, description="Default: hostname-pid.")
+    redis_url: str | None = Field(
+        None, description="Where a separate node finds its work (required by `corral node`)."
+    )
+    data_dir: Path = Field(Path("var"), description="Where the backends keep their files.")
+    node_slots: int = Field(8, ge=1, description="Executions this node runs at once.")
+    node_memory_mb: int | None = Field(
+        None,
+        ge=64,
+        description="Memory this node gives to executions; default: the host's memory less "
+        "a quarter (reported to placement).",
+    )
+    runtimes: list[str] = Field(
+        default_factory=lambda: ["nsjail", "wasm"], description="Backends this node starts."
+    )
+    heartbeat_seconds: float = Field(1.0, gt=0, description="How often the node reports.")
+    node_dead_after_seconds: float = Field(
+        6.0, gt=0, description="A node silent this long is dead; its work is handed out again."
+    )
+    node_host: str = Field("127.0.0.1", description="Listen address of /healthz and /metrics.")
+    node_port: int | None = Field(
+        8081, ge=0, le=65535, description="Port of /healthz and /metrics; 0: any, unset: none."
+    )
+    drain_seconds: float = Field(
+        10.0, ge=0, description="On shutdown, how long running executions may finish."
+    )
+    wasm: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Overrides for the wasm backend (runtimes/wasm/config.py), as JSON: "
+        "e.g. CORRAL_WASM='{\"warm_per_language\": 2}'.",
+    )
+    nsjail: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Overrides for the nsjail backend (runtimes/nsjail/config.py), as JSON: "
+        'e.g. CORRAL_NSJAIL=\'{"max_jails": 64, "warm_per_language": 2}\'.',
+    )
+    fake: dict[str, Any] = Field(
+        default_factory=dict,
+        description='Options of the fake backend (tests only), e.g. \'{"run_log": "/tmp/x"}\'.',
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if "fake" in self.runtimes and not self.dev_mode:
+            raise ValueError("the fake runtime is for tests only; it needs CORRAL_DEV_MODE=1")
+        if self.heartbeat_seconds * 2 > self.node_dead_after_seconds:
+            raise ValueError(
+                "CORRAL_NODE_DEAD_AFTER_SECONDS must be at least twice CORRAL_HEARTBEAT_SECONDS"
+            )
+        return self
+
+    @property
+    def resolved_node_id(self) -> str:
+        return self.node_id or f"{socket.gethostname()}-{os.getpid()}"
+
+    @property
+    def resolved_memory_mb(self) -> int:
+        if self.node_memory_mb is not None:
+            return self.node_memory_mb
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
+        return max(64, total * 3 // 4)

@@ -1,0 +1,1 @@
+"""Warm pools of workers, one framework for every backend (see ``pool``)."""

@@ -1,0 +1,166 @@
+"""The node agent over a transport: it runs only what it claimed, keeps trying to report
+what it ran, announces its capacity, and serves its own /healthz and /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.dispatch.inprocess import InProcessTransport
+from app.dispatch.transport import Entry
+from runtimes.fake import FakeRuntime
+from runtimes.node.agent import NodeAgent
+from runtimes.node.http import serving
+from runtimes.node.settings import NodeSettings
+from runtimes.node.transport import Delivery
+from runtimes.pools.accounting import IdleCapacity
+from wire.execution import RunSpec
+from wire.messages import Finished, Job, PoolUsage, Started
+
+
+class FlakyTransport(InProcessTransport):
+    """Fails the first ``failures`` finishes, as a Redis outage would."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__(dead_after_s=5)
+        self.failures = failures
+        self.ready_answer = True
+
+    async def finish(self, delivery: Delivery, finished: Finished) -> None:
+        if self.failures > 0:
+            self.failures -= 1
+            raise ConnectionError("redis is down")
+        await super().finish(delivery, finished)
+
+    async def ready(self) -> bool:
+        return self.ready_answer
+
+
+class IdleFake(FakeRuntime):
+    def idle_capacity(self) -> dict[str, IdleCapacity]:
+        return {"fake/fake": IdleCapacity(instance_seconds=30.0, memory_mb_seconds=300.0, starts=2)}
+
+
+def settings(tmp_path: Path) -> NodeSettings:
+    return NodeSettings(
+        dev_mode=True,
+        node_id="node-t",
+        data_dir=tmp_path,
+        runtimes=["fake"],
+        node_slots=2,
+        heartbeat_seconds=0.1,
+        node_dead_after_seconds=1.0,
+        node_memory_mb=2048,
+        node_port=None,
+    )
+
+
+@pytest.fixture
+async def transport() -> FlakyTransport:
+    return FlakyTransport(failures=0)
+
+
+@pytest.fixture
+async def agent(tmp_path: Path, transport: FlakyTransport) -> AsyncIterator[NodeAgent]:
+    node = NodeAgent(settings(tmp_path), transport, {"fake": IdleFake()}, usage_period_s=0.2)
+    await node.start()
+    try:
+        yield node
+    finally:
+        await node.close()
+
+
+def job(n: int, *, claim: str = "c", program: dict[str, object] | None = None) -> Job:
+    return Job(
+        invocation_id=f"inv_{n}",
+        tenant_id="t",
+        runtime="fake",
+        spec=RunSpec(language="fake", code=json.dumps(program or {"stdout": f"out{n}"})),
+        claim=claim,
+        reply_to="local",
+        enqueued_at=time.time(),
+    )
+
+
+async def events(transport: InProcessTransport, count: int, *, pools: bool = False) -> list[Entry]:
+    """The next ``count`` events; pool usage events are skipped unless ``pools``."""
+    stream = transport.results()
+    got: list[Entry] = []
+    try:
+        while len(got) < count:
+            batch = await asyncio.wait_for(anext(stream), 5)
+            got += [e for e in batch if pools or not isinstance(e.event, PoolUsage)]
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
+    return got
+
+
+async def test_runs_what_it_claims_and_reports_it(
+    agent: NodeAgent, transport: FlakyTransport
+) -> None:
+    await transport.dispatch(job(1), node_id="node-t", hold_s=60, queue_s=60)
+    started, finished = [e.event for e in await events(transport, 2)]
+    assert isinstance(started, Started) and started.node_id == "node-t"
+    assert isinstance(finished, Finished)
+    assert finished.result.run is not None and finished.result.run.stdout == "out1"
+    assert (finished.claim, finished.attempt) == ("c", 1)
+    backend = agent.backends["fake"]
+    assert isinstance(backend, FakeRuntime) and backend.calls == [("t", "inv_1")]
+
+
+async def test_a_superseded_hand_out_is_not_run(
+    agent: NodeAgent, transport: FlakyTransport
+) -> None:
+    await transport.dispatch(job(2, claim="old"), node_id="node-t", hold_s=60, queue_s=60)
+    # Before the node takes it, the execution is handed out again under a new token.
+    await transport.dispatch(job(2, claim="new"), node_id="other", hold_s=60, queue_s=60)
+    await asyncio.sleep(0.3)
+    backend = agent.backends["fake"]
+    assert isinstance(backend, FakeRuntime) and backend.calls == []
+    assert agent.metrics.claims.labels("stale")._value.get() == 1
+
+
+async def test_a_result_it_cannot_report_is_retried_not_dropped(
+    agent: NodeAgent, transport: FlakyTransport
+) -> None:
+    transport.failures = 3
+    await transport.dispatch(job(3), node_id="node-t", hold_s=60, queue_s=60)
+    kinds = [type(e.event).__name__ for e in await events(transport, 2)]
+    assert kinds == ["Started", "Finished"]
+    assert agent.metrics.transport_retries.labels("finish")._value.get() == 3
+
+
+async def test_it_announces_capacity_and_reports_idle_pools(
+    agent: NodeAgent, transport: FlakyTransport
+) -> None:
+    await transport.dispatch(
+        job(4, program={"sleep": 0.5}), node_id="node-t", hold_s=60, queue_s=60
+    )
+    await asyncio.sleep(0.3)
+    (busy,) = await transport.catalogue()
+    assert (busy.node_id, busy.incarnation) == ("node-t", agent.incarnation)
+    assert (busy.slots, busy.slots_free, busy.memory_mb) == (2, 1, 2048)
+    assert busy.memory_free_mb == 2048 - 512
+    seen = await events(transport, 4, pools=True)
+    usage = [e.event for e in seen if isinstance(e.event, PoolUsage)]
+    assert usage and usage[0].pool == "fake/fake" and usage[0].idle_instance_seconds == 30.0
+
+
+async def test_its_own_healthz_and_metrics(agent: NodeAgent, transport: FlakyTransport) -> None:
+    await transport.dispatch(job(5), node_id="node-t", hold_s=60, queue_s=60)
+    await events(transport, 2)
+    async with serving(agent, "127.0.0.1", 0) as address, httpx.AsyncClient() as http:
+        health = await http.get(f"http://{address}/healthz")
+        assert health.status_code == 200
+        assert health.json()["node_id"] == "node-t"
+        metrics = (await http.get(f"http://{address}/metrics")).text
+        assert 'corral_node_executions_total{outcome="succeeded",runtime="fake"} 1.0' in metrics
+        assert 'corral_node_claims_total{outcome="ok"} 1.0' in metrics
+        transport.ready_answer = False
+        assert (await http.get(f"http://{address}/healthz")).status_code == 503

@@ -1,0 +1,8 @@
+"""The contracts both planes speak, and nothing else.
+
+The control plane (``app``) and the data plane (``runtimes``) each import this package;
+it imports neither. Everything that crosses a process boundary between them is defined
+here: what an execution asks for and returns (``execution``), the messages on the
+dispatch wire (``messages``), the name of every Redis key (``keys``) and identifiers
+(``ids``). All of it travels as JSON, never pickle.
+"""
