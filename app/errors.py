@@ -26,8 +26,10 @@ never rename one) and an HTTP ``status``.
     │   ├── RateLimited              429 rate_limited
     │   ├── ConcurrencyLimited       429 concurrency_limited
     │   └── CpuQuotaExhausted        429 cpu_quota_exhausted
-    ├── Unavailable                  503 unavailable
+    ├── Unavailable                  503 unavailable         (Retry-After)
     │   ├── NoCapacity               503 no_capacity
+    │   ├── DatabaseUnavailable      503 database_unavailable
+    │   ├── DispatchUnavailable      503 dispatch_unavailable
     │   └── UnsupportedRuntime       400 unsupported_runtime
     └── ExecutionTimeout             504 execution_timeout
 """
@@ -159,6 +161,21 @@ class CpuQuotaExhausted(QuotaExceeded):
 
 class Unavailable(CorralError):
     status, code, default_message = 503, "unavailable", "service unavailable"
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": "1"} if self.status == 503 else {}
+
+
+class DatabaseUnavailable(Unavailable):
+    """The database cannot be reached (restarting, failing over); nothing was started."""
+
+    code, default_message = "database_unavailable", "the database is unreachable; retry"
+
+
+class DispatchUnavailable(Unavailable):
+    """Redis (dispatch, quota counters, the node catalogue) cannot be reached."""
+
+    code, default_message = "dispatch_unavailable", "the dispatch queue is unreachable; retry"
 
 
 class NoCapacity(Unavailable):

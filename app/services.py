@@ -48,6 +48,7 @@ from runtimes.node.main import running_node
 from runtimes.node.metrics import NodeMetrics
 from runtimes.node.redis import RedisNodeTransport
 from runtimes.node.transport import NodeTransport
+from wire.redis import connect
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ async def open_services(
         node_transport: NodeTransport
         counters: QuotaCounters
         if settings.redis_url:
-            redis = Redis.from_url(settings.redis_url, decode_responses=True)
+            redis = connect(settings.redis_url)
             stack.push_async_callback(redis.aclose)
             transport = RedisGatewayTransport(redis, dead_after_s=settings.node_dead_after_seconds)
             node_transport = RedisNodeTransport(

@@ -21,6 +21,7 @@ from starlette.testclient import TestClient
 from app.main import create_app
 from app.settings import Settings
 from runtimes.node.settings import NodeSettings
+from tests.requirements import missing, require_nsjail
 
 ADMIN_KEY = "test-admin-key-" + "x" * 24
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -30,9 +31,15 @@ def _service_url(name: str) -> str:
     url = os.environ.get(name)
     if url:
         return url
-    if os.environ.get("CORRAL_TEST_REQUIRE_SERVICES") == "1":
-        pytest.fail(f"{name} is not set: run the tests through `make test`")
-    pytest.skip(f"{name} not set (start the servers with scripts/services.sh)")
+    missing(f"{name} is not set (`make test` starts the servers with scripts/services.sh)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Tests marked ``nsjail`` need root and the nsjail binary: else they fail (or skip,
+    outside ``make test``) before any of their fixtures start a jail."""
+    if item.get_closest_marker("nsjail") is not None:
+        require_nsjail()
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from click.testing import CliRunner, Result
 
 from app.cli import main
 from tests.conftest import ADMIN
+from tests.requirements import require_tool
 
 REPO = Path(__file__).resolve().parents[1]
 INTERPRETERS = Path(os.environ.get("CORRAL_DATA_DIR", REPO / "var")) / "wasm" / "interpreters"
@@ -47,8 +48,7 @@ def server(live_server: Any) -> tuple[str, str]:
 @pytest.mark.nsjail
 @pytest.mark.slow
 def test_deploy_list_and_invoke_every_example(server: tuple[str, str], tmp_path: Path) -> None:
-    if shutil.which("clang") is None:
-        pytest.skip("clang is not installed (scripts/setup-wasm.sh)")
+    require_tool("clang", "scripts/setup-wasm.sh")
     url, key = server
     for name, value, expected in EXAMPLES:
         directory = tmp_path / name  # a copy: deploying fib-c builds fib.wasm next to fib.c

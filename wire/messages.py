@@ -56,6 +56,7 @@ class Marker(_Message):
     placed_on: str | None = None  #: node id, or None on a runtime's overflow stream
     claimed_by: str | None = None  #: node id of the node running it
     incarnation: str | None = None  #: that node process's incarnation
+    entry: str | None = None  #: the delivery it claimed (``stream/entry id``)
     claimed_at: float | None = None  #: epoch seconds
     deadline_s: float  #: the Job's own time limits
     hold_s: float  #: once claimed, the marker lives ``deadline_s + hold_s``

@@ -162,11 +162,21 @@ class InProcessTransport(GatewayTransport, NodeTransport):
         marker = held[0]
         if marker.claim != job.claim:
             return Claim.STALE
+        entry = f"{delivery.ref.stream}/{delivery.ref.entry_id}"
         if marker.claimed_by is not None:
-            same = marker.claimed_by == started.node_id and marker.incarnation == incarnation
+            same = (marker.claimed_by, marker.incarnation, marker.entry) == (
+                started.node_id,
+                incarnation,
+                entry,
+            )
             return Claim.OK if same else Claim.TAKEN
         claimed = marker.model_copy(
-            update={"claimed_by": started.node_id, "incarnation": incarnation, "claimed_at": now}
+            update={
+                "claimed_by": started.node_id,
+                "incarnation": incarnation,
+                "entry": entry,
+                "claimed_at": now,
+            }
         )
         self._markers[job.invocation_id] = (claimed, now + marker.deadline_s + marker.hold_s)
         self._results.put_nowait(Entry(event=started, stream="", entry_id=""))

@@ -1,8 +1,10 @@
 """The one place where exceptions become HTTP responses.
 
 Every error body is ``{"error": {"code": ..., "message": ..., "details"?: ...}}`` with a
-stable code from ``app.errors``. Unexpected exceptions become a 500 ``internal_error``
-with no traceback (it is logged, with the request id, and re-raised for the server).
+stable code from ``app.errors``. A database or Redis that cannot be reached (a restart,
+a failover) is a 503 with ``Retry-After``, never a 500: ``database_unavailable`` or
+``dispatch_unavailable``. Other unexpected exceptions become a 500 ``internal_error``
+with no traceback (it is logged, and re-raised for the server).
 """
 
 from __future__ import annotations
@@ -10,11 +12,20 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from app.errors import CorralError, MethodNotAllowed, NotFound
+from app.errors import (
+    CorralError,
+    DatabaseUnavailable,
+    DispatchUnavailable,
+    MethodNotAllowed,
+    NotFound,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +57,36 @@ async def http_exception(request: Request, exc: Exception) -> Response:
     return error_response(mapped)
 
 
+async def database_down(request: Request, exc: Exception) -> Response:
+    if not _is_connection_failure(exc):
+        return await unhandled(request, exc)
+    log.warning("%s %s: database unreachable: %r", request.method, request.url.path, exc)
+    return error_response(DatabaseUnavailable())
+
+
+async def redis_down(request: Request, exc: Exception) -> Response:
+    log.warning("%s %s: redis unreachable: %r", request.method, request.url.path, exc)
+    return error_response(DispatchUnavailable())
+
+
+async def connection_down(request: Request, exc: Exception) -> Response:
+    """A bare ``ConnectionError`` is the database's: asyncpg raises the OS error of a
+    connect that failed unwrapped, while redis-py wraps its own in ``RedisConnectionError``."""
+    log.warning("%s %s: database unreachable: %r", request.method, request.url.path, exc)
+    return error_response(DatabaseUnavailable())
+
+
+def _is_connection_failure(exc: Exception) -> bool:
+    """An error of the database's connection, not of the statement: SQLSTATE class 08
+    (connection exception) or 57P (the server is shutting down or starting up)."""
+    if isinstance(exc, OperationalError | InterfaceError):
+        return True
+    if not isinstance(exc, DBAPIError):
+        return False
+    state = str(getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None) or "")
+    return bool(exc.connection_invalidated) or state.startswith(("08", "57P"))
+
+
 async def unhandled(request: Request, exc: Exception) -> Response:
     log.error("%s %s: unhandled %r", request.method, request.url.path, exc, exc_info=exc)
     return error_response(CorralError())
@@ -54,5 +95,9 @@ async def unhandled(request: Request, exc: Exception) -> Response:
 HANDLERS: dict[Any, Any] = {
     CorralError: corral_error,
     HTTPException: http_exception,
+    DBAPIError: database_down,
+    RedisConnectionError: redis_down,
+    RedisTimeoutError: redis_down,
+    ConnectionError: connection_down,
     Exception: unhandled,
 }

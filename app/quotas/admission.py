@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
+from typing import Any
 
 from app.errors import ConcurrencyLimited, CpuQuotaExhausted, RateLimited
 from app.quotas.counters import QuotaCounters
@@ -22,6 +23,16 @@ from app.quotas.spec import QuotaLimits
 from wire.ids import new_id
 
 log = logging.getLogger(__name__)
+
+
+async def _forgiving(release: Coroutine[Any, Any, None], whose: str) -> None:
+    """Give a slot or a queue place back; if the counters cannot be reached, the lease
+    expires on its own, and the request (whose work may be done) is not failed for it."""
+    try:
+        await asyncio.shield(release)
+    except Exception as exc:
+        log.warning("%s: releasing an admission lease failed (%r); it will expire", whose, exc)
+
 
 #: A lease outlives its execution by this much before another request may take it.
 LEASE_GRACE_S = 30.0
@@ -64,7 +75,9 @@ class Admission:
         try:
             yield time.monotonic() - started
         finally:
-            await asyncio.shield(self.counters.release_slot(tenant_id, lease_id=lease_id))
+            await _forgiving(
+                self.counters.release_slot(tenant_id, lease_id=lease_id), f"tenant {tenant_id}"
+            )
 
     async def _acquire(
         self, tenant_id: str, quota: QuotaLimits, lease_id: str, ttl: float, started: float
@@ -90,4 +103,6 @@ class Admission:
                 ):
                     return
         finally:
-            await asyncio.shield(self.counters.leave_queue(tenant_id, entry_id=lease_id))
+            await _forgiving(
+                self.counters.leave_queue(tenant_id, entry_id=lease_id), f"tenant {tenant_id}"
+            )

@@ -12,8 +12,6 @@ import logging
 import signal
 from collections.abc import AsyncIterator
 
-from redis.asyncio import Redis
-
 from runtimes import registry
 from runtimes.base import Runtime
 from runtimes.node.agent import NodeAgent
@@ -22,6 +20,7 @@ from runtimes.node.metrics import NodeMetrics
 from runtimes.node.redis import RedisNodeTransport
 from runtimes.node.settings import NodeSettings
 from runtimes.node.transport import NodeTransport
+from wire.redis import connect
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +61,7 @@ async def run_node(settings: NodeSettings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    redis = Redis.from_url(settings.redis_url, decode_responses=True)
+    redis = connect(settings.redis_url)
     try:
         transport = RedisNodeTransport(redis, dead_after_s=settings.node_dead_after_seconds)
         async with running_node(settings, transport):

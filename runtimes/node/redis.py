@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -27,9 +28,16 @@ log = logging.getLogger(__name__)
 
 #: Results and events streams are capped (approximately) at this many entries.
 STREAM_MAXLEN = 1_000_000
+#: How often a node looks for deliveries pending on it that it never received, and how
+#: long such a delivery must have been pending to count.
+SWEEP_S = 2.0
+SWEEP_IDLE_MS = 3000
+#: Pending entries of one consumer looked at per stream and sweep.
+PENDING_SCAN = 10_000
 
 # KEYS[1] marker, KEYS[2] results stream
-# ARGV claim, node id, incarnation, now (epoch s), Started json, results stream maxlen
+# ARGV claim, node id, incarnation, now (epoch s), Started json, results stream maxlen,
+#      the delivery's stream entry (a duplicate entry of the same Job is not the same claim)
 _CLAIM = """
 local raw = redis.call('GET', KEYS[1])
 if not raw then return 'gone' end
@@ -37,11 +45,15 @@ local m = cjson.decode(raw)
 if m['claim'] ~= ARGV[1] then return 'stale' end
 local holder = m['claimed_by']
 if holder and holder ~= cjson.null then
-  if holder == ARGV[2] and m['incarnation'] == ARGV[3] then return 'ok' end
+  -- the same delivery again (a retried call whose reply was lost): still ours
+  if holder == ARGV[2] and m['incarnation'] == ARGV[3] and m['entry'] == ARGV[7] then
+    return 'ok'
+  end
   return 'taken'
 end
 m['claimed_by'] = ARGV[2]
 m['incarnation'] = ARGV[3]
+m['entry'] = ARGV[7]
 m['claimed_at'] = tonumber(ARGV[4])
 local hold = math.ceil((tonumber(m['deadline_s']) + tonumber(m['hold_s'])) * 1000)
 redis.call('SET', KEYS[1], cjson.encode(m), 'PX', hold)
@@ -74,24 +86,16 @@ class RedisNodeTransport(NodeTransport):
     ) -> AsyncIterator[Delivery]:
         streams = [keys.jobs_for_node(node_id), *(keys.jobs(r) for r in sorted(runtimes))]
         await self._ensure_groups(streams)
-        # What this consumer took before a restart and never saw through comes first: its
-        # pending entries, read from the start of each stream's pending list.
-        after = dict.fromkeys(streams, "0")
-        while after:
-            batches = await self._redis.xreadgroup(
-                keys.NODE_GROUP, node_id, after, count=max(1, capacity())
-            )
-            for stream, entries in batches or []:
-                if not entries:
-                    after.pop(stream, None)
-                for entry_id, fields in entries:
-                    after[stream] = entry_id
-                    delivery = await self._decode(stream, entry_id, fields)
-                    if delivery is not None:
-                        yield delivery
-            if not batches:
-                break
+        taken: dict[tuple[str, str], float] = {}  # (stream, entry id) yielded, still pending
+        # What this consumer took before a restart and never saw through comes first.
+        async for delivery in self._pending(node_id, streams, taken, idle_ms=0):
+            yield delivery
+        sweep_at = time.monotonic() + SWEEP_S
         while True:
+            if time.monotonic() >= sweep_at:
+                async for delivery in self._pending(node_id, streams, taken, idle_ms=SWEEP_IDLE_MS):
+                    yield delivery
+                sweep_at = time.monotonic() + SWEEP_S
             try:
                 batches = await self._redis.xreadgroup(
                     keys.NODE_GROUP,
@@ -110,9 +114,51 @@ class RedisNodeTransport(NodeTransport):
                 continue
             for stream, entries in batches or []:
                 for entry_id, fields in entries:
-                    delivery = await self._decode(stream, entry_id, fields)
-                    if delivery is not None:
-                        yield delivery
+                    taken[(stream, entry_id)] = time.monotonic()
+                    fresh = await self._decode(stream, entry_id, fields)
+                    if fresh is not None:
+                        yield fresh
+
+    async def _pending(
+        self,
+        node_id: str,
+        streams: list[str],
+        taken: dict[tuple[str, str], float],
+        *,
+        idle_ms: int,
+    ) -> AsyncIterator[Delivery]:
+        """Entries pending on this consumer that it never handled: taken before a restart,
+        or delivered by Redis while the reply never reached this node (a read that failed
+        and was retried). Entries no longer pending are forgotten."""
+        for stream in streams:
+            try:
+                pending = await self._redis.xpending_range(
+                    stream, keys.NODE_GROUP, "-", "+", PENDING_SCAN, consumername=node_id
+                )
+            except ResponseError:
+                continue  # the stream or group vanished: the read below makes them again
+            still = {p["message_id"] for p in pending}
+            for key in [k for k in taken if k[0] == stream and k[1] not in still]:
+                del taken[key]
+            lost = [
+                p["message_id"]
+                for p in pending
+                if (stream, p["message_id"]) not in taken
+                and int(p["time_since_delivered"]) >= idle_ms
+            ]
+            if not lost:
+                continue
+            if idle_ms:
+                log.warning(
+                    "node %s: %d deliveries on %s never reached it", node_id, len(lost), stream
+                )
+            for entry_id, fields in await self._redis.xclaim(
+                stream, keys.NODE_GROUP, node_id, 0, lost
+            ):
+                taken[(stream, entry_id)] = time.monotonic()
+                delivery = await self._decode(stream, entry_id, fields)
+                if delivery is not None:
+                    yield delivery
 
     async def claim(self, delivery: Delivery, started: Started, *, incarnation: str) -> Claim:
         job = delivery.job
@@ -125,6 +171,7 @@ class RedisNodeTransport(NodeTransport):
                 started.started_at,
                 started.model_dump_json(),
                 STREAM_MAXLEN,
+                f"{delivery.ref.stream}/{delivery.ref.entry_id}",
             ],
         )
         return Claim(outcome)

@@ -20,6 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.integration.faults import PrivatePostgres, PrivateRedis
+
 CORRAL = [sys.executable, "-m", "app"]
 
 
@@ -107,3 +109,25 @@ def wait_ready(url: str, *, nodes: int = 0, timeout: float = 60) -> None:
             last = repr(exc)
         time.sleep(0.1)
     raise AssertionError(f"{url} not ready with {nodes} nodes: {last}")
+
+
+@pytest.fixture
+def private_redis() -> Iterator[PrivateRedis]:
+    """A Redis of the test's own, started; the test may restart it (losing everything)."""
+    redis = PrivateRedis()
+    try:
+        redis.start()
+        yield redis
+    finally:
+        redis.close()
+
+
+@pytest.fixture
+def private_postgres() -> Iterator[PrivatePostgres]:
+    """A PostgreSQL cluster of the test's own, started; the test may restart it."""
+    postgres = PrivatePostgres()
+    try:
+        postgres.start()
+        yield postgres
+    finally:
+        postgres.close()

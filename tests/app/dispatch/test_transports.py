@@ -20,7 +20,7 @@ from runtimes.node.redis import RedisNodeTransport
 from runtimes.node.transport import Claim, Delivery, NodeTransport
 from wire import keys
 from wire.execution import RunResult, RunSpec
-from wire.messages import Finished, Job, NodeReport, Started
+from wire.messages import DeliveryRef, Finished, Job, NodeReport, Started
 
 
 @dataclass
@@ -156,10 +156,13 @@ async def test_a_token_is_claimed_once_and_only_while_current(pair: Pair) -> Non
     await gw.dispatch(first, node_id=None, hold_s=60, queue_s=60)
     (delivery,) = await take(node, "node-a")
     assert await node.claim(delivery, started("node-a", first), incarnation="i1") is Claim.OK
-    # The same node process again: still its claim. Another node, or a restarted one: taken.
+    # The same call again (its reply was lost): still its claim. Another node, a restarted
+    # one, or a duplicate delivery of the same Job (a retried XADD): taken.
     assert await node.claim(delivery, started("node-a", first), incarnation="i1") is Claim.OK
     assert await node.claim(delivery, started("node-b", first), incarnation="i9") is Claim.TAKEN
     assert await node.claim(delivery, started("node-a", first), incarnation="i2") is Claim.TAKEN
+    duplicate = Delivery(job=first, ref=DeliveryRef(stream=delivery.ref.stream, entry_id="9-9"))
+    assert await node.claim(duplicate, started("node-a", first), incarnation="i1") is Claim.TAKEN
     # Handed out again: the old token is stale, the new one free.
     second = job(2, gw.gateway_id, claim="new", attempt=2)
     await gw.dispatch(second, node_id=None, hold_s=60, queue_s=60)
@@ -287,3 +290,33 @@ async def read_nothing(gw: GatewayTransport) -> None:
             await asyncio.wait_for(anext(stream), 0.3)
     finally:
         await stream.aclose()  # type: ignore[attr-defined]
+
+
+@pytest.mark.redis
+async def test_a_delivery_whose_reply_was_lost_is_found_again(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis delivered an entry to the node but the reply never reached it (a read that
+    failed and was retried): the entry sits in the node's pending list; the node's sweep
+    finds it instead of leaving the execution unclaimed forever."""
+    import runtimes.node.redis as node_redis
+
+    monkeypatch.setattr(node_redis, "SWEEP_S", 0.1)
+    monkeypatch.setattr(node_redis, "SWEEP_IDLE_MS", 100)
+    redis = Redis.from_url(redis_url, decode_responses=True)
+    gw = RedisGatewayTransport(redis, dead_after_s=0.5, poll_s=0.1)
+    node = RedisNodeTransport(redis, dead_after_s=0.5, poll_s=0.1)
+    stream = node.deliveries("node-a", ["fake"], lambda: 1)
+    try:
+        await gw.dispatch(job(11, gw.gateway_id), node_id="node-a", hold_s=60, queue_s=60)
+        first = await asyncio.wait_for(anext(stream), 5)
+        await gw.dispatch(job(12, gw.gateway_id), node_id="node-a", hold_s=60, queue_s=60)
+        # The lost reply: Redis hands the entry to node-a, and node-a never sees it.
+        await redis.xreadgroup(keys.NODE_GROUP, "node-a", {keys.jobs_for_node("node-a"): ">"})
+        found = await asyncio.wait_for(anext(stream), 5)
+        assert (first.job.invocation_id, found.job.invocation_id) == ("inv_11", "inv_12")
+        with pytest.raises(TimeoutError):  # and the one it has is not handed to it twice
+            await asyncio.wait_for(anext(stream), 0.5)
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
+        await redis.aclose()

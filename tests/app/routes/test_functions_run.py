@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import os
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from starlette.testclient import TestClient
 from app.main import create_app
 from app.settings import Settings
 from tests.conftest import ADMIN, ADMIN_KEY, node_settings
+from tests.requirements import require_tool
 
 REPO = Path(__file__).resolve().parents[3]
 INTERPRETERS = Path(os.environ.get("CORRAL_DATA_DIR", REPO / "var")) / "wasm" / "interpreters"
@@ -78,13 +78,12 @@ def _invoke(
 
 
 def _compile_c(tmp_path: Path, source: str) -> str:
-    if shutil.which("clang") is None:
-        pytest.skip("clang is not installed (scripts/setup-wasm.sh)")
+    clang = require_tool("clang", "scripts/setup-wasm.sh")
     src = tmp_path / "f.c"
     src.write_text(source)
     out = tmp_path / "f.wasm"
     subprocess.run(
-        ["clang", "--target=wasm32-wasi", "-O2", "-o", str(out), str(src)],
+        [clang, "--target=wasm32-wasi", "-O2", "-o", str(out), str(src)],
         check=True,
         capture_output=True,
     )

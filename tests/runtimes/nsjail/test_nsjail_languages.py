@@ -10,6 +10,7 @@ import pytest
 import pytest_asyncio
 
 from runtimes.nsjail import NsjailRuntime
+from tests.requirements import missing
 from wire.execution import StageStatus
 
 RunFn = Callable[..., Any]
@@ -61,7 +62,7 @@ async def test_hello_world_with_stdin(
     run: RunFn, all_languages: NsjailRuntime, language: str
 ) -> None:
     if language not in {info.name for info in all_languages.languages()}:
-        pytest.skip(f"{language} toolchain not installed on this node")
+        missing(f"the {language} toolchain is not installed (scripts/setup-nsjail.sh)")
     result = await run(all_languages, HELLO[language], language=language, stdin="world\n")
     assert result.error is None, result.error
     if language in ("cpp", "rust", "java"):
@@ -158,7 +159,7 @@ async def test_unknown_language_is_a_clear_error(run: RunFn, all_languages: Nsja
 
 async def test_cpp_compile_error_vs_runtime_error(run: RunFn, all_languages: NsjailRuntime) -> None:
     if "cpp" not in {info.name for info in all_languages.languages()}:
-        pytest.skip("g++ not installed")
+        missing("g++ is not installed (scripts/setup-nsjail.sh)")
     broken = await run(all_languages, "int main() { return undefined_name; }", language="cpp")
     assert broken.error is None
     assert broken.compile is not None

@@ -28,6 +28,7 @@ import pytest_asyncio
 from runtimes.wasm import WasmConfig, WasmRuntime
 from runtimes.wasm.languages import QUICKJS_FILE
 from runtimes.wasm.modules import LoadedModule
+from tests.requirements import missing
 from wire.execution import RunLimits, RunResult, RunSpec
 
 REPO = Path(__file__).resolve().parents[3]
@@ -35,9 +36,7 @@ RunFn = Callable[..., Coroutine[Any, Any, RunResult]]
 
 
 def _missing(reason: str) -> None:
-    if os.environ.get("CORRAL_TEST_REQUIRE_SERVICES") == "1":
-        pytest.fail(f"{reason} (run scripts/setup-wasm.sh)")
-    pytest.skip(f"{reason} (run scripts/setup-wasm.sh)")
+    missing(f"{reason} (run scripts/setup-wasm.sh)")
 
 
 def interpreters_dir() -> Path:
