@@ -118,7 +118,14 @@ async def main() -> None:
     report: dict[str, Any] = {"n": n}
 
     def runtime(language: str, warm: int) -> WasmRuntime:
-        config = WasmConfig(data_dir=args.data_dir, warm_per_language=warm, languages=[language])
+        # a pool pinned at ``warm`` instances (min = max): the measured demand does not
+        # resize it, so ``warm=0`` really starts a fresh instance for every call
+        config = WasmConfig(
+            data_dir=args.data_dir,
+            warm_per_language=warm,
+            max_warm_per_language=warm,
+            languages=[language],
+        )
         return WasmRuntime(config)
 
     async with started(runtime("wasm-python", 4)) as rt:

@@ -8,7 +8,7 @@ Importing this package registers the backend as ``"nsjail"``. Modules, one conce
 * ``command``   the nsjail command line: namespaces, mounts, rlimits
 * ``zygote``    the script that runs as PID 1 in every jail (stdlib-only, Python 3.11)
 * ``jail``      one jail process and the framed JSON channel to its zygote
-* ``pool``      warm jails per (tenant, language), refill, reaping, recycling
+* ``workers``   jails as workers of the shared pool (``runtimes.pools``): keys, binding
 * ``languages`` toolchains and the per-call stage plan
 * ``request``   checking a RunSpec and building the zygote request
 * ``results``   mapping stage reports to StageResult statuses

@@ -140,6 +140,8 @@ class JailCgroup(Protocol):
 
     def oom_kills(self) -> int | None: ...
 
+    def memory_bytes(self) -> int | None: ...
+
     def remove(self) -> None: ...
 
 
@@ -158,6 +160,13 @@ def _read_counter(path: Path, key: str) -> int | None:
     except (OSError, ValueError):
         return None
     return None
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _rmdir(path: Path | None) -> None:
@@ -211,6 +220,10 @@ class V1JailCgroup:
     def oom_kills(self) -> int | None:
         return _read_counter(self.memory / "memory.oom_control", "oom_kill")
 
+    def memory_bytes(self) -> int | None:
+        """Memory the jail uses now (tmpfs pages included)."""
+        return _read_int(self.memory / "memory.usage_in_bytes")
+
     def remove(self) -> None:
         for path in (self.memory, self.pids, self.cpu):
             _rmdir(path)
@@ -253,6 +266,10 @@ class V2JailCgroup:
     def oom_kills(self) -> int | None:
         return _read_counter(self.path / "memory.events", "oom_kill")
 
+    def memory_bytes(self) -> int | None:
+        """Memory the jail uses now (tmpfs pages included)."""
+        return _read_int(self.path / "memory.current")
+
     def remove(self) -> None:
         _rmdir(self.path)
 
@@ -265,7 +282,4 @@ def process_count(cgroup: JailCgroup | None) -> int | None:
         path = cgroup.path / "pids.current"
     else:
         return None
-    try:
-        return int(path.read_text())
-    except (OSError, ValueError):
-        return None
+    return _read_int(path)

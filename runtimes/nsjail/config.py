@@ -2,6 +2,16 @@
 
 ``NsjailConfig.from_settings`` derives defaults from the node's settings (``node_slots``,
 ``dev_mode``) and validates ``settings.nsjail`` (``CORRAL_NSJAIL``, JSON) on top.
+
+Pool sizing (``runtimes.pools``): each pool key, the spares of a language
+(``nsjail/<language>``) and one tenant's jails of a language
+(``nsjail/<language>/<tenant>``), has a target of
+``ceil(arrival rate * start time * (1 + warm_headroom))`` jails, both measured (the rate
+averaged over ``demand_window_s``), clamped to
+``[warm_per_language, max_warm_per_key]`` for spares and ``[0, max_warm_per_key]`` for a
+tenant. A tenant's busy jails count towards its target (they come back after the call).
+Jails above a key's target are stopped after ``idle_timeout_s`` idle; a key asked for less
+than once per ``idle_timeout_s`` has no demand.
 """
 
 from __future__ import annotations
@@ -11,10 +21,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from runtimes.pools import Bounds, PoolConfig
+
 if TYPE_CHECKING:
     from runtimes.node.settings import NodeSettings
 
 MIB = 1024 * 1024
+#: first refill delay after a failed jail start (doubling up to 5 s)
+REFILL_BACKOFF_S = 0.5
 
 
 class NsjailConfig(BaseModel):
@@ -34,15 +48,39 @@ class NsjailConfig(BaseModel):
 
     # --- pool --------------------------------------------------------------------------
     warm_per_language: int = Field(
-        1, ge=0, description="Unassigned warm jails kept per language for new tenants"
+        1,
+        ge=0,
+        description="Minimum of spare warm jails kept per language (bound to a tenant on "
+        "its first call)",
+    )
+    max_warm_per_key: int = Field(
+        4,
+        ge=1,
+        description="Ceiling on the target of one pool key: the spares of a language, or "
+        "one tenant's jails of a language",
+    )
+    warm_headroom: float = Field(
+        0.5,
+        ge=0,
+        description="Target = ceil(arrival rate x start time x (1 + warm_headroom)), clamped",
+    )
+    demand_window_s: float = Field(
+        30.0, gt=0, description="Time constant of the per-key arrival-rate average"
     )
     max_jails: int = Field(16, ge=1, description="Bound on live plus starting jails")
     max_uses_per_jail: int = Field(50, ge=1, description="Calls before a jail is recycled")
-    idle_timeout_s: float = Field(60.0, gt=0, description="Idle tenant jails are reaped after")
+    idle_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Idle jails above their key's target are stopped after this long; a key "
+        "asked for less than once per idle timeout has no demand",
+    )
     max_jail_age_s: float = Field(900.0, gt=0, description="Jails are retired after this age")
     reap_interval_s: float = Field(2.0, gt=0)
     start_timeout_s: float = Field(15.0, gt=0, description="Time for a jail to report ready")
-    start_concurrency: int = Field(2, ge=1, description="Jails started at once")
+    start_concurrency: int = Field(
+        2, ge=1, description="Jails started at once in the background (refill, warm-up)"
+    )
     acquire_timeout_s: float = Field(30.0, gt=0, description="Wait for a free jail slot")
     host_grace_s: float = Field(
         5.0, gt=0, description="Host backstop beyond the stage timeouts before a jail is killed"
@@ -79,6 +117,27 @@ class NsjailConfig(BaseModel):
     require_cgroups: bool = Field(
         True, description="Fail start() when no cgroup hierarchy can be used"
     )
+
+    def pool_config(self) -> PoolConfig:
+        """The shared pool's settings (``runtimes.pools``) for these tunables."""
+        return PoolConfig(
+            max_workers=self.max_jails,
+            start_timeout_s=self.start_timeout_s,
+            start_concurrency=self.start_concurrency,
+            acquire_timeout_s=self.acquire_timeout_s,
+            idle_timeout_s=self.idle_timeout_s,
+            reap_interval_s=self.reap_interval_s,
+            max_age_s=self.max_jail_age_s,
+            max_uses=self.max_uses_per_jail,
+            headroom=self.warm_headroom,
+            demand_window_s=self.demand_window_s,
+            default_bounds=Bounds(0, self.max_warm_per_key),
+            backoff_s=REFILL_BACKOFF_S,
+        )
+
+    def spare_bounds(self) -> Bounds:
+        """Bounds of the spare jails of one language."""
+        return Bounds(self.warm_per_language, max(self.warm_per_language, self.max_warm_per_key))
 
     @classmethod
     def from_settings(cls, settings: NodeSettings) -> NsjailConfig:

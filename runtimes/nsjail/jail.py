@@ -71,9 +71,11 @@ class Jail:
         self.uses = 0
         self.tainted: str | None = None
         self.started_at = time.monotonic()
-        self.last_used = self.started_at
         self.zygote_pid: int | None = None
         self.vm_bytes = 0
+        #: memory the jail held when it became ready (its cgroup's usage, else the
+        #: zygote's address space): what a warm, idle jail costs
+        self.ready_memory_bytes = 0
         self.cgroup: JailCgroup | None = None
         self._command = command
         self._cgroups = cgroups
@@ -108,9 +110,6 @@ class Jail:
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
-
-    def age(self, now: float | None = None) -> float:
-        return (now if now is not None else time.monotonic()) - self.started_at
 
     def stderr_tail(self) -> str:
         lines = [
@@ -148,6 +147,8 @@ class Jail:
                 raise JailProtocolError(f"unexpected greeting {ready!r}")
             self.vm_bytes = int(ready.get("vm_bytes", 0))
             self._attach_zygote()
+            used = self.cgroup.memory_bytes() if self.cgroup is not None else None
+            self.ready_memory_bytes = used if used is not None else self.vm_bytes
         except BaseException as exc:
             await self.kill()
             if isinstance(exc, JailError | TimeoutError | CgroupError | OSError):

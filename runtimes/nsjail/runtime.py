@@ -1,4 +1,9 @@
-"""``NsjailRuntime``: the FnCall backend that runs each call in a warm, per-tenant jail."""
+"""``NsjailRuntime``: the FnCall backend that runs each call in a warm, per-tenant jail.
+
+Jails come from the shared warm-pool framework (``runtimes.pools.Pool``) with
+``JailWorkers`` as the factory: one pool key per (language, tenant) plus a spare key per
+language (``runtimes.nsjail.workers``).
+"""
 
 from __future__ import annotations
 
@@ -18,8 +23,9 @@ from runtimes.nsjail.config import MIB, NsjailConfig
 from runtimes.nsjail.jail import Jail, JailDied, JailError, JailTimeout
 from runtimes.nsjail.languages import StagePlan, detect, probe_version
 from runtimes.nsjail.languages import plan as plan_stages
-from runtimes.nsjail.pool import JailPool
 from runtimes.nsjail.stagelimits import StageLimits
+from runtimes.nsjail.workers import JailWorkers, jail_key
+from runtimes.pools import IdleCapacity, Pool, PoolError
 from runtimes.workfiles import InvalidSpec
 from wire.execution import LanguageInfo, RunResult, RunSpec, StageResult, StageStatus
 
@@ -40,7 +46,7 @@ class NsjailRuntime(Runtime):
         self._cgroups: cgroups.CgroupSetup | None = None
         self._command: command.JailCommand | None = None
         self._etc_dir: Path | None = None
-        self._pool: JailPool | None = None
+        self._pool: Pool[Jail] | None = None
         self._closed = False
 
     # --- Runtime protocol --------------------------------------------------------------
@@ -61,8 +67,14 @@ class NsjailRuntime(Runtime):
             return {"warm": 0, "busy": 0, "starting": 0}
         return self._pool.stats()
 
+    def inventory(self) -> dict[str, int]:
+        return self._pool.inventory() if self._pool is not None else {}
+
+    def idle_capacity(self) -> dict[str, IdleCapacity]:
+        return self._pool.idle_capacity() if self._pool is not None else {}
+
     @property
-    def pool(self) -> JailPool | None:
+    def pool(self) -> Pool[Jail] | None:
         return self._pool
 
     async def start(self) -> None:
@@ -99,9 +111,10 @@ class NsjailRuntime(Runtime):
                 etc_dir=self._etc_dir,
                 zygote=command.zygote_source(),
             )
-            self._pool = JailPool(
-                config=config, languages=list(self._languages), factory=self._new_jail
-            )
+            workers = JailWorkers(self._new_jail, start_timeout_s=config.start_timeout_s)
+            self._pool = Pool(workers, config.pool_config(), name=self.name)
+            for language in self._languages:
+                self._pool.declare(jail_key(language), config.spare_bounds())
             started = time.perf_counter()
             probes = asyncio.gather(*(probe_version(lang) for lang in self._languages.values()))
             outcome = await asyncio.gather(probes, self._pool.start(), return_exceptions=True)
@@ -131,6 +144,8 @@ class NsjailRuntime(Runtime):
                 error=f"language {spec.language!r} is not available on this node "
                 f"(have: {', '.join(sorted(self._languages))})"
             )
+        if not tenant_id:  # an empty id would name the spare jails' pool key
+            return RunResult(error="the nsjail runtime needs a tenant id")
         try:
             request.check(spec, lang, self.config)
         except InvalidSpec as exc:
@@ -139,8 +154,12 @@ class NsjailRuntime(Runtime):
         plans = plan_stages(lang, spec, self.config)
         wire = request.build(spec, lang, plans, self.config, id=invocation_id)
         try:
-            jail = await pool.acquire(tenant_id, spec.language, invocation_id)
-        except JailError as exc:
+            jail = await pool.acquire(
+                jail_key(spec.language, tenant_id),
+                spare=jail_key(spec.language),
+                context=f"inv={invocation_id}",
+            )
+        except (JailError, PoolError) as exc:
             logger.warning("inv=%s no jail: %s", invocation_id, exc)
             return RunResult(error=f"no sandbox available: {exc}", setup_ms=_ms(started))
         setup_ms = _ms(started)
@@ -149,7 +168,9 @@ class NsjailRuntime(Runtime):
             result, reusable = await self._call(jail, wire, plans, spec, invocation_id)
         finally:
             teardown = time.perf_counter()
-            pool.release(jail, reusable=reusable, invocation_id=invocation_id)
+            pool.release(
+                jail, reusable=reusable, reason=jail.tainted, context=f"inv={invocation_id}"
+            )
         result.setup_ms = setup_ms
         result.teardown_ms += _ms(teardown)
         logger.info(
@@ -253,7 +274,7 @@ class NsjailRuntime(Runtime):
             )
         # The zygote wipes the work dir, /tmp, /dev/shm and SysV IPC and kills strays
         # after replying; that report is collected in the background, and the next call
-        # on this jail waits for it (JailPool.acquire -> Jail.settled).
+        # on this jail waits for it (Pool.acquire -> JailWorkers.check -> Jail.settled).
         teardown = time.perf_counter()
         jail.settle_later(invocation_id, timeout_s=self.config.teardown_timeout_s)
         result.teardown_ms = _ms(teardown)

@@ -13,7 +13,7 @@ Importing this package registers the backend as ``"wasm"``. Modules, one concept
 * ``stdin``      the FIFO a warm instance waits on and its non-blocking feeder
 * ``output``     bounded stdout/stderr capture
 * ``instance``   one Store + instance + guest thread, used for one call
-* ``pool``       warm instances per interpreter, refilled in the background
+* ``workers``    warm instances as one-shot workers of the shared pool (``runtimes.pools``)
 * ``results``    mapping an instance's outcome to a ``StageResult``
 * ``runtime``    ``WasmRuntime``, the ``Runtime`` implementation
 

@@ -2,6 +2,13 @@
 
 ``WasmConfig.from_settings`` derives defaults from the node's settings (``data_dir``,
 ``node_slots``, ``dev_mode``) and validates ``settings.wasm`` (``CORRAL_WASM``, JSON) on top.
+
+Pool sizing (``runtimes.pools``): each interpreter's pool (key ``wasm/<language>``) keeps
+``ceil(arrival rate * start time * (1 + warm_headroom))`` warm instances, both measured
+(the rate averaged over ``demand_window_s``), clamped to
+``[warm_per_language, max_warm_per_language]``. Instances above the target are stopped
+after ``idle_timeout_s`` idle; a language asked for less than once per ``idle_timeout_s``
+has no demand beyond its minimum.
 """
 
 from __future__ import annotations
@@ -10,6 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from runtimes.pools import Bounds, PoolConfig
 
 if TYPE_CHECKING:
     from runtimes.node.settings import NodeSettings
@@ -46,9 +55,32 @@ class WasmConfig(BaseModel):
 
     # --- pool --------------------------------------------------------------------------
     warm_per_language: int = Field(
-        2, ge=0, description="Pre-started interpreter instances kept ready per language"
+        2, ge=0, description="Minimum of pre-started instances kept ready per interpreter"
     )
-    start_concurrency: int = Field(1, ge=1, description="Instances warmed at once per language")
+    max_warm_per_language: int = Field(
+        8, ge=0, description="Ceiling on the warm instances kept ready per interpreter"
+    )
+    warm_headroom: float = Field(
+        0.5,
+        ge=0,
+        description="Target = ceil(arrival rate x start time x (1 + warm_headroom)), clamped",
+    )
+    demand_window_s: float = Field(
+        30.0, gt=0, description="Time constant of the per-interpreter arrival-rate average"
+    )
+    idle_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Warm instances above their interpreter's target are stopped after this "
+        "long idle; a language asked for less than once per idle timeout has no demand",
+    )
+    reap_interval_s: float = Field(2.0, gt=0, description="How often idle instances are checked")
+    start_concurrency: int = Field(
+        1,
+        ge=1,
+        description="Instances warmed at once in the background (all interpreters together); "
+        "a call that finds no warm instance starts its own regardless",
+    )
     refill_delay_ms: float = Field(
         25.0,
         ge=0,
@@ -113,6 +145,27 @@ class WasmConfig(BaseModel):
     @property
     def resolved_interpreters_dir(self) -> Path:
         return self.interpreters_dir or self.data_dir / "wasm" / "interpreters"
+
+    def pool_config(self) -> PoolConfig:
+        """The shared pool's settings (``runtimes.pools``) for these tunables."""
+        return PoolConfig(
+            start_timeout_s=self.warmup_timeout_s,
+            start_concurrency=self.start_concurrency,
+            # a caller waits at most for one start: let it see that start's failure
+            acquire_timeout_s=self.warmup_timeout_s + self.host_grace_s,
+            idle_timeout_s=self.idle_timeout_s,
+            reap_interval_s=self.reap_interval_s,
+            headroom=self.warm_headroom,
+            demand_window_s=self.demand_window_s,
+            default_bounds=self.interpreter_bounds(),
+            refill_delay_s=self.refill_delay_ms / 1000,
+        )
+
+    def interpreter_bounds(self) -> Bounds:
+        """Bounds of one interpreter's warm instances."""
+        return Bounds(
+            self.warm_per_language, max(self.warm_per_language, self.max_warm_per_language)
+        )
 
     @classmethod
     def from_settings(cls, settings: NodeSettings) -> WasmConfig:

@@ -12,7 +12,11 @@ guest has is its stdin pipe, which the host always fills and closes). Clock ids 
 (process/thread CPU time) read the calling thread's CPU clock: a guest is one thread.
 
 The functions run on the thread that runs the guest, which binds its ``GuestClock`` with
-``bind``. They never raise: an exception escaping a wasmtime-py callback is parked in a
+``bind``. Each also notes the size of the guest's linear memory in that clock
+(``memory_bytes``): the only moment the host may read it, as wasmtime wants a Store used
+by one thread at a time. The interpreters read a clock during their start-up, so a warm
+instance's clock holds its memory footprint (measured: all of it for CPython and QuickJS).
+They never raise: an exception escaping a wasmtime-py callback is parked in a
 process-global slot and could surface in another thread's call.
 """
 
@@ -70,6 +74,8 @@ class GuestClock:
     epoch: Callable[[], int] = _no_epoch
     cancel: threading.Event = field(default_factory=threading.Event)
     tick_s: float = 0.01
+    #: size of the guest's linear memory at its latest clock or poll call
+    memory_bytes: int = 0
 
 
 _local = threading.local()
@@ -111,7 +117,10 @@ def clock_time_get(caller: Caller, clock_id: int, _precision: int, out_ptr: int)
             return ERRNO_INVAL
         mem = _memory(caller)
         out_ptr &= U32
-        if mem is None or out_ptr + 8 > mem.data_len(caller):
+        size = mem.data_len(caller) if mem is not None else 0
+        if clock is not None:
+            clock.memory_bytes = size
+        if mem is None or out_ptr + 8 > size:
             return ERRNO_FAULT
         mem.write(caller, struct.pack("<Q", now & 0xFFFF_FFFF_FFFF_FFFF), out_ptr)
         return ERRNO_SUCCESS
@@ -136,12 +145,14 @@ def _poll_oneoff(caller: Caller, in_ptr: int, out_ptr: int, nsubs: int, nevents_
     if mem is None:
         return ERRNO_FAULT
     size = mem.data_len(caller)
+    clock = _bound()
+    if clock is not None:
+        clock.memory_bytes = size
     in_end = in_ptr + nsubs * SUBSCRIPTION.size
     out_end = out_ptr + nsubs * EVENT.size
     if max(in_end, out_end, nevents_ptr + 4) > size:
         return ERRNO_FAULT
     raw = bytes(mem.read(caller, in_ptr, in_end))
-    clock = _bound()
     origin = clock.origin_ns if clock else 0
     ready: list[bytes] = []
     timers: list[tuple[float, int]] = []  # (host monotonic wake-up, userdata)

@@ -1,7 +1,8 @@
 """``WasmRuntime``: the WebAssembly FnCall backend (``Runtime`` implementation).
 
-Interpreter languages run on a warm instance from their pool (one call each, then
-discarded); raw modules get a fresh instance from their cached ``InstancePre``. Both
+Interpreter languages run on a warm instance from the shared warm-pool framework
+(``runtimes.pools.Pool`` with ``WasmWorkers``, one key per interpreter; one call each,
+then discarded); raw modules get a fresh instance from their cached ``InstancePre``. Both
 report through the same path: arm the limits, let the guest run, wait for its outcome
 (with a host backstop past the epoch deadline), map it to a ``StageResult``.
 """
@@ -17,11 +18,12 @@ import secrets
 import shutil
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from wasmtime import _wasi as wasmtime_wasi
 
 from runtimes.base import Runtime
+from runtimes.pools import IdleCapacity, Pool, PoolClosed, PoolError
 from runtimes.wasm import languages, results
 from runtimes.wasm.bootstrap import READY_MARKER
 from runtimes.wasm.cache import ModuleCache
@@ -31,10 +33,11 @@ from runtimes.wasm.instance import CallLimits, Instance, Outcome, StoreCaps
 from runtimes.wasm.languages import INTERPRETERS, Interpreter
 from runtimes.wasm.modules import InterpreterError, LoadedModule, ModuleLoader, ModuleLoadError
 from runtimes.wasm.output import OutputCapture
-from runtimes.wasm.pool import WarmPool, WarmupError
 from runtimes.wasm.workdir import HostDir, decode_files
+from runtimes.wasm.workers import WarmupError, WasmWorkers
 from runtimes.workfiles import InvalidSpec
 from wire.execution import LanguageInfo, RunResult, RunSpec, StageResult, StageStatus
+from wire.messages import pool_key
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +62,7 @@ class WasmRuntime(Runtime):
         self._names = itertools.count(1)
         self._engine: WasmEngine | None = None
         self._loader: ModuleLoader | None = None
-        self._pools: dict[str, WarmPool] = {}
+        self._pool: Pool[Instance] | None = None
         self._interpreters: dict[str, LoadedModule] = {}
         self._live: set[Instance] = set()
         self._busy: set[Instance] = set()
@@ -120,22 +123,23 @@ class WasmRuntime(Runtime):
                 del self._paths[name]
                 continue
             self._interpreters[name] = loaded
-            self._pools[name] = self._make_pool(interp, loaded)
         if self._closed:  # close() ran while the interpreters loaded
             return
-        for pool in self._pools.values():
-            pool.start()
+        self._pool = pool = self._make_pool()
         self._started = True
-        for name, pool in self._pools.items():
-            if not await pool.wait_warm(cfg.warmup_timeout_s):
-                log.warning("wasm: pool %s is not warm after %ss", name, cfg.warmup_timeout_s)
+        try:
+            await pool.start()
+        except PoolClosed:
+            return
+        except Exception as exc:  # the refill goes on trying, backing off
+            log.warning("wasm: warming the pools failed: %s", exc)
         log.info("wasm: started with %s", [lang.name for lang in self.languages()])
 
     async def run(self, spec: RunSpec, *, tenant_id: str, invocation_id: str) -> RunResult:
         if not self._started or self._closed:
             return RunResult(error="the wasm runtime is not running")
         try:
-            if spec.language in self._pools:
+            if spec.language in self._interpreters:
                 return await self._run_interpreter(spec, invocation_id)
             if spec.language == languages.RAW_LANGUAGE and self._raw:
                 return await self._run_module(spec, invocation_id)
@@ -145,23 +149,27 @@ class WasmRuntime(Runtime):
         return RunResult(error=f"the wasm runtime does not offer language {spec.language!r}")
 
     def stats(self) -> dict[str, int]:
-        warm = starting = 0
-        for pool in self._pools.values():
-            gauges = pool.stats()
-            warm += gauges["warm"]
-            starting += gauges["starting"]
+        """Warm and starting instances of the pools; busy: every instance running a call
+        (raw modules included)."""
+        gauges = self._pool.stats() if self._pool is not None else {}
         with self._lock:
             busy = len(self._busy)
-        return {"warm": warm, "busy": busy, "starting": starting}
+        return {"warm": gauges.get("warm", 0), "busy": busy, "starting": gauges.get("starting", 0)}
+
+    def inventory(self) -> dict[str, int]:
+        return self._pool.inventory() if self._pool is not None else {}
+
+    def idle_capacity(self) -> dict[str, IdleCapacity]:
+        return self._pool.idle_capacity() if self._pool is not None else {}
 
     async def close(self) -> None:
         """Abort every instance, join every thread, then stop the ticker. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        pools, self._pools = list(self._pools.values()), {}
-        for pool in pools:
-            await asyncio.to_thread(pool.close)
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
         with self._lock:
             live = list(self._live)
         for inst in live:
@@ -183,7 +191,18 @@ class WasmRuntime(Runtime):
         log.info("wasm: closed")
 
     # --- interpreters -------------------------------------------------------------------
-    def _make_pool(self, interp: Interpreter, loaded: LoadedModule) -> WarmPool:
+    def _make_pool(self) -> Pool[Instance]:
+        """One pool for every interpreter loaded, a key per interpreter."""
+        makers = {
+            pool_key(self.name, name): (name, self._warm_maker(INTERPRETERS[name], loaded))
+            for name, loaded in self._interpreters.items()
+        }
+        pool = Pool(WasmWorkers(makers), self.config.pool_config(), name=self.name)
+        for key in makers:
+            pool.declare(key, self.config.interpreter_bounds())
+        return pool
+
+    def _warm_maker(self, interp: Interpreter, loaded: LoadedModule) -> Callable[[], Instance]:
         cfg = self.config
         argv = interp.argv(cfg)
         warmup = CallLimits(
@@ -192,17 +211,10 @@ class WasmRuntime(Runtime):
             max_output=0,
         )
 
-        def factory() -> Instance:
+        def make() -> Instance:
             return self._new_instance(loaded, argv=argv, limits=warmup, warm=True)
 
-        return WarmPool(
-            interp.language,
-            factory,
-            target=cfg.warm_per_language,
-            start_concurrency=cfg.start_concurrency,
-            warmup_timeout_s=cfg.warmup_timeout_s,
-            refill_delay_s=cfg.refill_delay_ms / 1000,
-        )
+        return make
 
     async def _run_interpreter(self, spec: RunSpec, invocation_id: str) -> RunResult:
         started = time.perf_counter()
@@ -214,10 +226,13 @@ class WasmRuntime(Runtime):
                     f"file {interp.source_file!r} would overwrite the program's source file"
                 )
             files[interp.source_file] = spec.code.encode("utf-8", "replace")
-        pool = self._pools[spec.language]
+        pool = self._pool
+        if pool is None:
+            return RunResult(error="the wasm runtime is not running")
+        context = f"inv={invocation_id}"
         try:
-            inst = await pool.acquire()
-        except WarmupError as exc:
+            inst = await pool.acquire(pool_key(self.name, spec.language), context=context)
+        except (PoolError, WarmupError) as exc:
             log.error("invocation %s: %s", invocation_id, exc)
             return RunResult(error=str(exc), setup_ms=_ms(started))
         try:
@@ -231,7 +246,7 @@ class WasmRuntime(Runtime):
                 oom_markers=interp.oom_markers,
             )
         finally:
-            pool.returned(inst)
+            pool.release(inst, context=context)
 
     # --- raw modules --------------------------------------------------------------------
     async def _run_module(self, spec: RunSpec, invocation_id: str) -> RunResult:

@@ -433,7 +433,7 @@ async def test_zygote_killed_from_the_host_is_a_platform_error(
     task = asyncio.create_task(run(runtime, "import time\ntime.sleep(5)\n", tenant="tenant-z"))
     for _ in range(200):
         await asyncio.sleep(0.01)
-        busy = [j for j in runtime.pool.jails() if j.tenant == "tenant-z" and j.uses]
+        busy = [j for j in runtime.pool.workers() if j.tenant == "tenant-z" and j.uses]
         if busy:
             break
     assert busy and busy[0].zygote_pid

@@ -13,6 +13,7 @@ import pytest
 import pytest_asyncio
 
 from runtimes.nsjail import NsjailRuntime
+from wire.messages import pool_key
 
 pytestmark = [pytest.mark.nsjail, pytest.mark.asyncio(loop_scope="module")]
 
@@ -97,17 +98,23 @@ async def test_tenants_never_share_a_jail(run: RunFn, python_only: Any) -> None:
         assert result.run.ok, result
         seen[tenant].add(result.run.stdout.strip())
     assert seen["tenant-a"].isdisjoint(seen["tenant-b"])
+    seen["tenant-a"].add(host_a)
+    seen["tenant-b"].add(host_b)
     assert rt.pool is not None
-    for jail in rt.pool.jails():
-        if jail.tenant is not None:
-            assert jail.hostname in seen[jail.tenant] | {host_a, host_b}
+    for jail in rt.pool.workers():
+        # a jail that served calls served its own tenant's only; one started for a tenant
+        # while a released jail served its waiter may not have served anybody yet
+        others = set().union(*(hosts for t, hosts in seen.items() if t != jail.tenant))
+        assert jail.hostname not in others
+        if jail.tenant is not None and jail.uses:
+            assert jail.hostname in seen[jail.tenant]
 
 
 async def test_new_tenant_gets_a_warm_spare(run: RunFn, python_only: Any) -> None:
     rt: NsjailRuntime = await python_only(warm_per_language=1)
     assert rt.pool is not None
     assert rt.stats() == {"warm": 1, "busy": 0, "starting": 0}
-    [spare] = rt.pool.jails()
+    [spare] = rt.pool.workers()
     assert spare.tenant is None
     result = await run(rt, WHOAMI, tenant="fresh-tenant")
     assert result.run.ok
@@ -116,7 +123,7 @@ async def test_new_tenant_gets_a_warm_spare(run: RunFn, python_only: Any) -> Non
     assert result.setup_ms < 50
     # a replacement spare is started in the background
     await wait_for(lambda: rt.stats()["warm"] == 2)
-    spares = [jail for jail in rt.pool.jails() if jail.tenant is None]
+    spares = [jail for jail in rt.pool.workers() if jail.tenant is None]
     assert len(spares) == 1 and spares[0] is not spare
 
 
@@ -138,7 +145,7 @@ async def test_jail_is_recycled_after_max_uses(run: RunFn, python_only: Any) -> 
         hosts.append(result.run.stdout.strip())
     assert len(set(hosts)) == 1
     # the third use retired the jail already
-    assert hosts[0] not in {jail.hostname for jail in rt.pool.jails()}
+    assert hosts[0] not in {jail.hostname for jail in rt.pool.workers()}
     result = await run(rt, WHOAMI, tenant="t")
     assert result.run.ok
     assert result.run.stdout.strip() != hosts[0]
@@ -149,9 +156,9 @@ async def test_idle_jails_are_reaped(run: RunFn, python_only: Any) -> None:
     assert rt.pool is not None
     result = await run(rt, WHOAMI, tenant="sleepy")
     assert result.run.ok
-    [jail] = [jail for jail in rt.pool.jails() if jail.tenant == "sleepy"]
+    [jail] = [jail for jail in rt.pool.workers() if jail.tenant == "sleepy"]
     pids = [jail.pid, jail.zygote_pid]
-    await wait_for(lambda: jail not in rt.pool.jails())  # type: ignore[union-attr]
+    await wait_for(lambda: jail not in rt.pool.workers())  # type: ignore[union-attr]
     await wait_for(lambda: not any(alive(pid) for pid in pids if pid))
 
 
@@ -163,7 +170,7 @@ async def test_total_jails_are_bounded(run: RunFn, python_only: Any) -> None:
     async def watch() -> None:
         nonlocal peak
         while True:
-            peak = max(peak, len(rt.pool.jails()) + rt.stats()["starting"])  # type: ignore[union-attr]
+            peak = max(peak, len(rt.pool.workers()) + rt.stats()["starting"])  # type: ignore[union-attr]
             await asyncio.sleep(0.005)
 
     watcher = asyncio.create_task(watch())
@@ -188,7 +195,7 @@ async def test_close_kills_everything_and_is_idempotent(
         assert (await run(rt, WHOAMI, tenant=tenant)).run.ok
     busy = asyncio.create_task(run(rt, "import time\ntime.sleep(30)\n", tenant="z"))
     await wait_for(lambda: rt.stats()["busy"] == 1)
-    jails = rt.pool.jails()
+    jails = rt.pool.workers()
     assert len(jails) >= 5
     pids = [pid for jail in jails for pid in (jail.pid, jail.zygote_pid) if pid]
     cgroups = [
@@ -213,9 +220,52 @@ async def test_close_kills_everything_and_is_idempotent(
     assert after.error is not None and "not running" in after.error
 
 
+async def test_close_kills_jails_being_started(
+    run: RunFn, new_runtime: Callable[..., NsjailRuntime]
+) -> None:
+    before = set(nsjail_children())
+    rt = new_runtime(languages=["python"], warm_per_language=0)
+    await rt.start()
+    assert rt.stats() == {"warm": 0, "busy": 0, "starting": 0}
+    call = asyncio.create_task(run(rt, WHOAMI, tenant="late"))
+    await wait_for(lambda: rt.stats()["starting"] == 1)  # a cold start for the caller
+    await rt.close()
+    result = await call
+    assert result.error is not None and result.run is None
+    assert set(nsjail_children()) <= before
+
+
 async def test_close_after_failed_start(new_runtime: Callable[..., NsjailRuntime]) -> None:
     rt = new_runtime(languages=["python"], nsjail_path="/nonexistent/nsjail")
     with pytest.raises(RuntimeError, match="nsjail"):
         await rt.start()
     await rt.close()
     await rt.close()
+
+
+async def test_inventory_and_idle_capacity_by_pool_key(run: RunFn, python_only: Any) -> None:
+    rt: NsjailRuntime = await python_only(warm_per_language=1)
+    spare_key, bound_key = pool_key("nsjail", "python"), pool_key("nsjail", "python", "inv-t")
+    assert rt.inventory() == {spare_key: 1}
+    assert (await run(rt, WHOAMI, tenant="inv-t")).run.ok
+    await wait_for(lambda: rt.inventory() == {spare_key: 1, bound_key: 1})
+    await asyncio.sleep(0.05)  # both keys hold an idle jail meanwhile
+    capacity = rt.idle_capacity()
+    assert set(capacity) == {spare_key, bound_key}
+    spare, bound = capacity[spare_key], capacity[bound_key]
+    assert spare.instance_seconds > 0 and spare.memory_mb_seconds > 0
+    assert (spare.starts, spare.cold_starts) == (2, 0)  # the first spare and its replacement
+    assert bound.instance_seconds > 0 and bound.memory_mb_seconds > 0
+    assert bound.starts == 0  # it adopted the spare
+    # a warm jail holds at least a megabyte (its zygote)
+    assert bound.memory_mb_seconds >= bound.instance_seconds
+    again = rt.idle_capacity()  # accrued since the previous call only
+    assert again[spare_key].instance_seconds < spare.instance_seconds
+    assert again[spare_key].starts == 0
+
+
+async def test_a_tenant_id_is_required(run: RunFn, python_only: Any) -> None:
+    rt: NsjailRuntime = await python_only()
+    result = await run(rt, WHOAMI, tenant="")
+    assert result.error is not None and "tenant" in result.error
+    assert rt.stats()["busy"] == 0 and rt.inventory() == {pool_key("nsjail", "python"): 1}

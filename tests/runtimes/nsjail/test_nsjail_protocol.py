@@ -99,12 +99,12 @@ async def test_protocol_violations_are_platform_errors(
 ) -> None:
     rt: NsjailRuntime = await fake_runtime(mode)
     assert rt.pool is not None
-    [jail] = rt.pool.jails()
+    [jail] = rt.pool.workers()
     result = await run(rt, "print(1)", run_timeout_s=1.0)
     assert result.error is not None and expected in result.error, result.error
     assert result.run is None
     await asyncio.sleep(0)  # let the background kill run
-    assert jail not in rt.pool.jails()
+    assert jail not in rt.pool.workers()
     if mode == "exit":
         assert "boom" in result.error  # the zygote's last words are in the message
 

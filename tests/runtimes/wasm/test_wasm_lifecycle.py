@@ -17,6 +17,7 @@ from runtimes.wasm import WasmConfig, WasmRuntime
 from runtimes.wasm.languages import PYTHON_WASM_SHA256
 from runtimes.wasm.modules import LoadedModule
 from wire.execution import RunSpec, StageStatus
+from wire.messages import pool_key
 
 RunFn = Callable[..., Any]
 
@@ -190,3 +191,46 @@ async def test_python_preload(new_runtime: Callable[..., WasmRuntime], run: RunF
 
     with pytest.raises(ValueError, match="module name"):
         python_bootstrap(("os; import evil",))
+
+
+async def test_inventory_and_idle_capacity_by_pool_key(
+    new_runtime: Callable[..., WasmRuntime], run: RunFn
+) -> None:
+    rt = new_runtime(languages=["wasm-python", "wasm"], warm_per_language=2)
+    await rt.start()
+    key = pool_key("wasm", "wasm-python")
+    try:
+        assert rt.inventory() == {key: 2}  # raw modules have no pool
+        await asyncio.sleep(0.05)  # two instances idle meanwhile
+        capacity = rt.idle_capacity()
+        assert set(capacity) == {key}
+        idle = capacity[key]
+        assert idle.instance_seconds > 0
+        # CPython-wasm holds ~10 MiB of linear memory while it waits
+        assert idle.memory_mb_seconds >= 5 * idle.instance_seconds
+        assert (idle.starts, idle.cold_starts) == (2, 0)
+        result = await run(rt, "print(1)")
+        assert result.run is not None and result.run.stdout == "1\n"
+        for _ in range(500):  # the one-shot instance is replaced
+            if rt.inventory() == {key: 2}:
+                break
+            await asyncio.sleep(0.01)
+        assert rt.inventory() == {key: 2}
+        assert rt.idle_capacity()[key].starts == 1
+    finally:
+        await rt.close()
+    assert rt.inventory() == {} and rt.idle_capacity() == {}
+
+
+async def test_a_cold_start_is_counted(new_runtime: Callable[..., WasmRuntime], run: RunFn) -> None:
+    rt = new_runtime(languages=["wasm-python"], warm_per_language=0, max_warm_per_language=0)
+    await rt.start()
+    try:
+        assert rt.inventory() == {}
+        result = await run(rt, "print('cold')")
+        assert result.run is not None and result.run.stdout == "cold\n"
+        idle = rt.idle_capacity()[pool_key("wasm", "wasm-python")]
+        assert (idle.starts, idle.cold_starts) == (1, 1)
+        assert rt.stats()["warm"] == 0  # max 0: nothing is kept warm
+    finally:
+        await rt.close()
