@@ -129,8 +129,9 @@ def db_upgrade(revision: str) -> None:
     """Apply migrations up to REVISION on CORRAL_DATABASE_URL (or the embedded SQLite)."""
     from app.db.engine import make_engine
     from app.db.migrate import upgrade
+    from app.settings import DatabaseSettings
 
-    settings = _settings()
+    settings = DatabaseSettings()
 
     async def go() -> None:
         settings.data_dir.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,30 @@ WEAK_ADMIN_KEYS = frozenset({"", "admin", "changeme", "changethis", "secret", "p
 MIN_ADMIN_KEY_LENGTH = 24
 
 
-class Settings(BaseSettings):
+class DatabaseSettings(BaseSettings):
+    """Where the database is: all that ``corral db upgrade`` needs (no admin key)."""
+
+    model_config = SettingsConfigDict(env_prefix="CORRAL_", extra="ignore")
+
+    data_dir: Path = Field(Path("var"), description="Where the embedded database and jails live.")
+    database_url: str | None = Field(
+        None,
+        description="SQLAlchemy URL; default: SQLite file under data_dir. "
+        "postgresql:// URLs are rewritten to the asyncpg driver.",
+    )
+
+    @property
+    def resolved_database_url(self) -> str:
+        url = self.database_url or f"sqlite+aiosqlite:///{self.data_dir.resolve()}/corral.db"
+        for prefix in ("postgresql://", "postgres://", "postgresql+psycopg2://"):
+            if url.startswith(prefix):
+                return "postgresql+asyncpg://" + url[len(prefix) :]
+        if url.startswith("sqlite://") and not url.startswith("sqlite+aiosqlite://"):
+            return "sqlite+aiosqlite://" + url[len("sqlite://") :]
+        return url
+
+
+class Settings(DatabaseSettings):
     """Everything configurable about a gateway (the control plane).
 
     ``node`` holds the settings of the node agent that ``corral serve`` embeds; a
@@ -33,12 +56,6 @@ class Settings(BaseSettings):
         False, description="Allow a missing admin key and the fake runtime. Never in production."
     )
     admin_key: SecretStr | None = Field(None, description="Key for the /v1/tenants admin API.")
-    data_dir: Path = Field(Path("var"), description="Where the embedded database and jails live.")
-    database_url: str | None = Field(
-        None,
-        description="SQLAlchemy URL; default: SQLite file under data_dir. "
-        "postgresql:// URLs are rewritten to the asyncpg driver.",
-    )
     redis_url: str | None = Field(
         None, description="When set: Redis Streams dispatch and Redis quota counters."
     )
@@ -133,16 +150,6 @@ class Settings(BaseSettings):
         if self.failpoints:
             raise ValueError("CORRAL_FAILPOINTS needs CORRAL_DEV_MODE=1")
         return self
-
-    @property
-    def resolved_database_url(self) -> str:
-        url = self.database_url or f"sqlite+aiosqlite:///{self.data_dir.resolve()}/corral.db"
-        for prefix in ("postgresql://", "postgres://", "postgresql+psycopg2://"):
-            if url.startswith(prefix):
-                return "postgresql+asyncpg://" + url[len(prefix) :]
-        if url.startswith("sqlite://") and not url.startswith("sqlite+aiosqlite://"):
-            return "sqlite+aiosqlite://" + url[len("sqlite://") :]
-        return url
 
     @property
     def hold_seconds(self) -> float:

@@ -42,9 +42,9 @@ def _run_offline() -> None:
 
 async def _run_cli() -> None:
     from app.db.engine import make_engine
-    from app.settings import Settings
+    from app.settings import DatabaseSettings
 
-    url = config.get_main_option("sqlalchemy.url") or Settings(dev_mode=True).resolved_database_url
+    url = config.get_main_option("sqlalchemy.url") or DatabaseSettings().resolved_database_url
     engine = make_engine(url)
     try:
         async with engine.begin() as conn:

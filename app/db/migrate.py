@@ -5,13 +5,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import logging
 import os
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -62,6 +66,45 @@ async def _sqlite_file_lock(engine: AsyncEngine) -> AsyncIterator[None]:
         yield
     finally:
         os.close(fd)  # closing releases the lock
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaState:
+    """Where a database's schema stands against this release's migrations."""
+
+    current: frozenset[str]  #: the database's revisions (empty: never migrated)
+    expected: frozenset[str]  #: this release's heads
+    known: frozenset[str]  #: every revision this release has
+
+    @property
+    def at_head(self) -> bool:
+        return self.current == self.expected
+
+    @property
+    def ahead(self) -> bool:
+        """Migrated by a newer release (a revision this one does not know)."""
+        return bool(self.current) and not self.current <= self.known
+
+    @property
+    def usable(self) -> bool:
+        """At this release's head, or ahead of it (migrations keep old releases working)."""
+        return self.at_head or self.ahead
+
+
+@functools.cache
+def _script_revisions() -> tuple[frozenset[str], frozenset[str]]:
+    script = ScriptDirectory.from_config(alembic_config())
+    return frozenset(script.get_heads()), frozenset(r.revision for r in script.walk_revisions())
+
+
+async def schema_state(engine: AsyncEngine) -> SchemaState:
+    def read(conn: Connection) -> set[str]:
+        return set(MigrationContext.configure(conn).get_current_heads())
+
+    async with engine.connect() as conn:
+        current = await conn.run_sync(read)
+    expected, known = _script_revisions()
+    return SchemaState(frozenset(current), expected, known)
 
 
 async def downgrade(engine: AsyncEngine, revision: str) -> None:

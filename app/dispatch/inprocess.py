@@ -122,6 +122,9 @@ class InProcessTransport(GatewayTransport, NodeTransport):
         now = self._clock()
         return sorted(node for node, (_, expiry) in self._reports.items() if expiry <= now)
 
+    async def release(self, node_id: str, runtimes: Sequence[str]) -> int:
+        return 0  # the embedded node pops what it reads: nothing is held by a dead reader
+
     async def forget_node(self, node_id: str, runtimes: Sequence[str]) -> None:
         self._reports.pop(node_id, None)
         self._streams.pop(keys.jobs_for_node(node_id), None)

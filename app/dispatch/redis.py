@@ -291,6 +291,48 @@ class RedisGatewayTransport(GatewayTransport):
             pipe.srem(keys.GATEWAYS, gateway_id)
             await pipe.execute()
 
+    async def release(self, node_id: str, runtimes: Sequence[str]) -> int:
+        moved = 0
+        for runtime in runtimes:
+            stream = keys.jobs(runtime)
+            try:
+                pending = await self._redis.xpending_range(
+                    stream, keys.NODE_GROUP, "-", "+", 1000, consumername=node_id
+                )
+            except ResponseError:
+                continue  # no such stream or group
+            for entry in pending:
+                entry_id = entry["message_id"]
+                requeue = await self._unclaimed_job(stream, entry_id)
+                async with self._redis.pipeline(transaction=True) as pipe:
+                    if requeue is not None:
+                        pipe.xadd(stream, {"job": requeue})
+                    pipe.xack(stream, keys.NODE_GROUP, entry_id)
+                    pipe.xdel(stream, entry_id)
+                    await pipe.execute()
+                if requeue is not None:
+                    moved += 1
+                    log.warning(
+                        "node %s died holding entry %s unclaimed: requeued", node_id, entry_id
+                    )
+        return moved
+
+    async def _unclaimed_job(self, stream: str, entry_id: str) -> str | None:
+        """The Job of an entry if its marker still waits for a claim of that Job's token."""
+        entries = await self._redis.xrange(stream, entry_id, entry_id)
+        if not entries:
+            return None
+        raw = entries[0][1].get("job")
+        try:
+            job = Job.model_validate_json(raw or "")
+        except ValidationError:
+            return None
+        found = await self._redis.get(keys.inflight(job.invocation_id))
+        marker = Marker.model_validate_json(found) if found else None
+        if marker is None or marker.claim != job.claim or marker.claimed_by is not None:
+            return None
+        return str(raw)
+
     async def forget_node(self, node_id: str, runtimes: Sequence[str]) -> None:
         for runtime in runtimes:
             stream = keys.jobs(runtime)

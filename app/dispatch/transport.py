@@ -107,6 +107,13 @@ class GatewayTransport(ABC):
         """Nodes that announced themselves and went silent."""
 
     @abstractmethod
+    async def release(self, node_id: str, runtimes: Sequence[str]) -> int:
+        """Put back on its overflow stream every Job a dead node had read and not claimed
+        (the marker of an unclaimed Job says nothing of the node that read it); drop what
+        it read of superseded or claimed Jobs (their rows are judged by their markers).
+        How many were put back."""
+
+    @abstractmethod
     async def forget_node(self, node_id: str, runtimes: Sequence[str]) -> None:
         """Delete a dead node's job stream and what it held pending on the overflow
         streams (its Jobs have been handed out again under new claims)."""

@@ -14,7 +14,9 @@ a marker claimed by a dead node         lost on that node: hand out again (or fa
 an unclaimed marker placed on a dead    lost in transit: hand out again
   node
 an unclaimed marker on a live stream    waiting: leave it (the marker expires if no
-                                        node ever takes it)
+                                        node ever takes it; a Job a dead node read
+                                        from an overflow stream and never claimed is
+                                        put back on it)
 no marker, or one for an older claim    never sent (the gateway died or its dispatch
                                         failed), or Redis lost it: hand out again
 ======================================  =============================================
@@ -82,6 +84,7 @@ class Pass:
     reissued: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     adopted: int = 0
+    released: int = 0  #: Jobs a dead node had read and not claimed, put back
     rolled_up: int = 0
 
 
@@ -128,14 +131,15 @@ class Reconciler:
                 self.leading = await self._election.lead()
                 if self.leading:
                     done = await self.reconcile()
-                    if done.reissued or done.failed or done.adopted:
+                    if done.reissued or done.failed or done.adopted or done.released:
                         log.info(
                             "reconciler: %d judged, %d handed out again, %d failed as lost, "
-                            "%d adopted results",
+                            "%d adopted results, %d put back from dead nodes",
                             done.judged,
                             len(done.reissued),
                             len(done.failed),
                             done.adopted,
+                            done.released,
                         )
             except asyncio.CancelledError:
                 raise
@@ -149,7 +153,7 @@ class Reconciler:
         dead_gateways = set(await self._transport.dead_gateways())
         await self._judge(done, dead_gateways)
         await self._adopt(done, dead_gateways)
-        await self._forget_dead_nodes()
+        await self._dead_nodes(done)
         async with self._sessions.begin() as session:
             done.rolled_up = await usage.roll_up(session)
         self._metrics.reconciler.labels("reissued").inc(len(done.reissued))
@@ -311,12 +315,14 @@ class Reconciler:
                 await self._transport.forget_gateway(gateway)
                 self._dead_since.pop(gateway, None)
 
-    async def _forget_dead_nodes(self) -> None:
+    async def _dead_nodes(self, done: Pass) -> None:
+        """Put back what dead nodes read and never claimed; forget long-dead nodes."""
         now = self._clock()
         runtimes: set[str] = set()
         for node in await self._transport.catalogue():
             runtimes.update(node.runtimes)
         for node_id in await self._transport.dead_nodes():
+            done.released += await self._transport.release(node_id, sorted(runtimes))
             since = self._dead_since.setdefault(node_id, now)
             if now - since > FORGET_AFTER_S:
                 log.info("reconciler: forgetting node %s (dead since %.0fs)", node_id, now - since)

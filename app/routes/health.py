@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from sqlalchemy import text
 from starlette.responses import JSONResponse, Response
 
+from app.db.migrate import schema_state
 from app.http.endpoint import Call, endpoint
 
 log = logging.getLogger(__name__)
@@ -23,6 +24,11 @@ class Health(BaseModel):
 class Readiness(BaseModel):
     status: str
     database: bool
+    schema_: bool = Field(
+        alias="schema",
+        description="The schema is at this release's head, or ahead of it (a newer release "
+        "migrated it): never behind, never empty.",
+    )
     dispatch: bool
     nodes: int
 
@@ -37,7 +43,7 @@ async def healthz(call: Call) -> Health:
 @endpoint(
     "GET",
     "/readyz",
-    summary="Database and dispatch are reachable",
+    summary="Database (at the right schema) and dispatch are reachable",
     tags=["ops"],
     auth="none",
     response=Readiness,
@@ -45,16 +51,18 @@ async def healthz(call: Call) -> Health:
 async def readyz(call: Call) -> Response:
     services = call.services
     database = await _check(_database_ok(call))
+    schema = database and await _check(_schema_usable(call))
     dispatch = await _check(services.transport.ready())
     nodes = len(await services.transport.catalogue()) if dispatch else 0
-    ready = database and dispatch
+    ready = database and schema and dispatch
     body = Readiness(
         status="ready" if ready else "unavailable",
         database=database,
+        schema=schema,
         dispatch=dispatch,
         nodes=nodes,
     )
-    return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
+    return JSONResponse(body.model_dump(by_alias=True), status_code=200 if ready else 503)
 
 
 @endpoint("GET", "/metrics", summary="Prometheus metrics", tags=["ops"], auth="none")
@@ -74,6 +82,10 @@ async def _database_ok(call: Call) -> bool:
     async with call.services.engine.connect() as conn:
         await conn.execute(text("SELECT 1"))
     return True
+
+
+async def _schema_usable(call: Call) -> bool:
+    return (await schema_state(call.services.engine)).usable
 
 
 async def _check(probe: object) -> bool:

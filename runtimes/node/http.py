@@ -1,4 +1,10 @@
-"""A node's own HTTP listener: ``/healthz`` and ``/metrics`` (no API, no credentials)."""
+"""A node's own HTTP listener (no API, no credentials).
+
+* ``/healthz``: liveness: the node's work loops run. A Redis outage does not make a node
+  unhealthy (restarting it would only hand its running executions out again).
+* ``/readyz``: the loops run and Redis answers.
+* ``/metrics``: Prometheus.
+"""
 
 from __future__ import annotations
 
@@ -19,22 +25,29 @@ log = logging.getLogger(__name__)
 
 
 def node_app(agent: NodeAgent) -> Starlette:
-    async def healthz(request: Request) -> Response:
-        transport = await agent.transport.ready()
-        healthy = agent.healthy and transport
+    def answer(ok: bool, **fields: object) -> Response:
         body = {
-            "status": "ok" if healthy else "unavailable",
+            "status": "ok" if ok else "unavailable",
             "node_id": agent.node_id,
             "incarnation": agent.incarnation,
             "working": agent.healthy,
-            "transport": transport,
+            **fields,
         }
-        return JSONResponse(body, status_code=200 if healthy else 503)
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    async def healthz(request: Request) -> Response:
+        return answer(agent.healthy)
+
+    async def readyz(request: Request) -> Response:
+        transport = await agent.transport.ready()
+        return answer(agent.healthy and transport, transport=transport)
 
     async def metrics(request: Request) -> Response:
         return Response(agent.metrics.render(), media_type="text/plain; version=0.0.4")
 
-    return Starlette(routes=[Route("/healthz", healthz), Route("/metrics", metrics)])
+    return Starlette(
+        routes=[Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", metrics)]
+    )
 
 
 class _QuietServer(uvicorn.Server):
@@ -59,7 +72,7 @@ async def serving(agent: NodeAgent, host: str, port: int) -> AsyncIterator[str]:
             await asyncio.sleep(0.01)
         bound = server.servers[0].sockets[0].getsockname()
         address = f"{bound[0]}:{bound[1]}"
-        log.info("node %s: /healthz and /metrics on http://%s", agent.node_id, address)
+        log.info("node %s: /healthz, /readyz and /metrics on http://%s", agent.node_id, address)
         yield address
     finally:
         server.should_exit = True

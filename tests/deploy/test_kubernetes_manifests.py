@@ -232,6 +232,8 @@ def test_gateways_run_unprivileged_on_a_read_only_root() -> None:
 def test_migrations_run_in_a_job_and_not_in_the_gateways() -> None:
     job = one("Job", "corral-migrate")
     assert [c["args"] for c in containers(pod_spec(job))] == [["corral", "db", "upgrade"]]
+    # It is told where the database is, and nothing else secret.
+    assert set(env_of(containers(pod_spec(job))[0])) == {"CORRAL_DATA_DIR", "CORRAL_DATABASE_URL"}
     gateway = pod_spec(one("Deployment", "corral-gateway"))
     assert literal(gateway["containers"][0], "CORRAL_RUN_MIGRATIONS") == "false"
     (init,) = gateway["initContainers"]
@@ -329,7 +331,8 @@ def test_the_probes_use_the_ports_the_settings_listen_on(monkeypatch: pytest.Mon
     node_settings = _settings_from_env(NodeSettings, node, monkeypatch)
     assert node_settings.node_host == "0.0.0.0" and node_settings.node_id == "host-1"
     assert _http_probe_ports(node) == {node_settings.node_port}
-    assert {node[k]["httpGet"]["path"] for k in ("readinessProbe", "livenessProbe")} == {"/healthz"}
+    assert node["readinessProbe"]["httpGet"]["path"] == "/readyz"  # Redis answers too
+    assert node["livenessProbe"]["httpGet"]["path"] == "/healthz"  # a Redis outage: alive
     memory_limit_mb = int(node["resources"]["limits"]["memory"].removesuffix("Gi")) * 1024
     assert node_settings.node_memory_mb < memory_limit_mb
 

@@ -111,7 +111,8 @@ def test_a_node_killed_mid_execution(
     node(corral_procs, "node-a", env)
     node(corral_procs, "node-b", env)
     wait_ready(url, nodes=2)
-    load = Load([url], tenant(url), total=300, sleep=0.5).start()
+    # Twice the slots: node-a also dies holding overflow Jobs it read and never claimed.
+    load = Load([url], tenant(url), total=300, sleep=0.5, concurrency=48).start()
     load.wait_done(80)
     corral_procs.kill("node-a")
     calls = load.join()

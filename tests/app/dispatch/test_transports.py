@@ -320,3 +320,32 @@ async def test_a_delivery_whose_reply_was_lost_is_found_again(
     finally:
         await stream.aclose()  # type: ignore[attr-defined]
         await redis.aclose()
+
+
+@pytest.mark.redis
+async def test_what_a_dead_node_read_and_never_claimed_is_put_back(redis_url: str) -> None:
+    """Overflow Jobs wait for any node; one that a node read and died before claiming
+    would wait in that node's pending list forever: the reconciler puts it back."""
+    redis = Redis.from_url(redis_url, decode_responses=True)
+    gw = RedisGatewayTransport(redis, dead_after_s=0.5, poll_s=0.1)
+    node = RedisNodeTransport(redis, dead_after_s=0.5, poll_s=0.1)
+    try:
+        await node.announce(report("node-a"))
+        for n, claim in ((13, "c"), (14, "c")):
+            await gw.dispatch(
+                job(n, gw.gateway_id, claim=claim), node_id=None, hold_s=60, queue_s=60
+            )
+        read = await take(node, "node-a", 2)
+        claimed = next(d for d in read if d.job.invocation_id == "inv_14")
+        assert (
+            await node.claim(claimed, started("node-a", claimed.job), incarnation="i") is Claim.OK
+        )
+        await asyncio.sleep(0.6)  # node-a dies holding both
+        assert await gw.dead_nodes() == ["node-a"]
+        assert await gw.release("node-a", ["fake"]) == 1  # the claimed one is the reconciler's
+        (again,) = await take(node, "node-b")
+        assert again.job.invocation_id == "inv_13"
+        assert await node.claim(again, started("node-b", again.job), incarnation="j") is Claim.OK
+        assert await gw.release("node-a", ["fake"]) == 0
+    finally:
+        await redis.aclose()

@@ -50,8 +50,46 @@ def test_readyz_when_everything_is_up(client: TestClient) -> None:
     body = response.json()
     assert body["status"] == "ready"
     assert body["database"] is True
+    assert body["schema"] is True
     assert body["dispatch"] is True
     assert body["nodes"] >= 1
+
+
+def test_readyz_is_503_while_the_schema_is_behind(
+    make_settings: Callable[..., Any], tmp_path: Any
+) -> None:
+    """A gateway that does not migrate (``run_migrations=False``) is not ready on a schema
+    older than its release; it is ready on its head, and on a newer release's schema."""
+    import asyncio
+
+    from sqlalchemy import text
+
+    from app.db.migrate import upgrade
+    from app.main import create_app
+
+    data = tmp_path / "behind"
+    data.mkdir()
+    engine = make_engine(f"sqlite+aiosqlite:///{data}/corral.db")
+
+    async def migrate(revision: str, sql: str | None = None) -> None:
+        await upgrade(engine, revision)
+        if sql:
+            async with engine.begin() as conn:
+                await conn.execute(text(sql))
+
+    try:
+        asyncio.run(migrate("0002"))
+        settings = make_settings(data_dir=data, run_migrations=False)
+        with TestClient(create_app(settings)) as client:
+            behind = client.get("/readyz")
+            assert behind.status_code == 503 and behind.json()["schema"] is False
+            asyncio.run(migrate("head"))
+            assert client.get("/readyz").status_code == 200
+            asyncio.run(migrate("head", "UPDATE alembic_version SET version_num = '9999'"))
+            ahead = client.get("/readyz")
+            assert ahead.status_code == 200 and ahead.json()["schema"] is True
+    finally:
+        asyncio.run(engine.dispose())
 
 
 def test_readyz_is_503_when_the_database_is_unreachable(client: TestClient) -> None:

@@ -162,5 +162,7 @@ async def test_its_own_healthz_and_metrics(agent: NodeAgent, transport: FlakyTra
         metrics = (await http.get(f"http://{address}/metrics")).text
         assert 'corral_node_executions_total{outcome="succeeded",runtime="fake"} 1.0' in metrics
         assert 'corral_node_claims_total{outcome="ok"} 1.0' in metrics
-        transport.ready_answer = False
-        assert (await http.get(f"http://{address}/healthz")).status_code == 503
+        assert (await http.get(f"http://{address}/readyz")).status_code == 200
+        transport.ready_answer = False  # Redis is down: not ready, but alive
+        assert (await http.get(f"http://{address}/readyz")).status_code == 503
+        assert (await http.get(f"http://{address}/healthz")).status_code == 200
