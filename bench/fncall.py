@@ -5,7 +5,12 @@ Starts ``corral serve`` (embedded: SQLite, in-process dispatch, nsjail warm pool
 one keep-alive HTTP client, and in the same run measures the baseline: one fresh one-shot
 nsjail jail per call (the same isolation flags, no pool). Prints one JSON document.
 
+With ``--compare REV`` it also starts the server of an earlier commit (``git archive`` of
+REV, run with this virtualenv) and measures both in the same run, level by level, the
+earlier one second: before and after a change, under the same machine conditions.
+
     .venv/bin/python bench/fncall.py --requests 400 --concurrency 1,8,32
+    .venv/bin/python bench/fncall.py --compare e85df5d
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ def summary(latencies_ms: list[float], wall_s: float, errors: int) -> dict[str, 
 
 # --- the server -----------------------------------------------------------------------------
 class Server:
-    def __init__(self, slots: int, runtimes: str) -> None:
+    def __init__(self, slots: int, runtimes: str, *, root: Path = ROOT) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="corral-bench-"))
         self.admin_key = secrets.token_urlsafe(32)
         with socket.socket() as sock:
@@ -52,7 +57,7 @@ class Server:
             "CORRAL_PORT": str(self.port),
             "CORRAL_NODE_SLOTS": str(slots),
             "CORRAL_RUNTIMES": json.dumps(runtimes.split(",")),
-            "PYTHONPATH": str(ROOT),
+            "PYTHONPATH": str(root),  # before this virtualenv's editable install
         }
         self.log = (self.dir / "server.log").open("wb")
         self.proc = subprocess.Popen(
@@ -171,22 +176,42 @@ async def baseline(requests: int, concurrency: int) -> dict[str, Any]:
     return result
 
 
-async def measure(url: str, key: str, args: argparse.Namespace) -> dict[str, Any]:
+async def measure(
+    url: str, key: str, args: argparse.Namespace, before: tuple[str, str] | None = None
+) -> dict[str, Any]:
     body = {"language": args.language, "code": args.code}
     await drive(url, key, body, requests=args.warmup, concurrency=8)
+    if before is not None:
+        await drive(*before, body, requests=args.warmup, concurrency=8)
     levels = [int(c) for c in args.concurrency.split(",")]
-    return {
+    corral, earlier = [], []
+    for c in levels:
+        corral.append(await drive(url, key, body, requests=args.requests, concurrency=c))
+        if before is not None:
+            earlier.append(await drive(*before, body, requests=args.requests, concurrency=c))
+    results: dict[str, Any] = {
         "benchmark": "fncall",
         "language": args.language,
         "code": args.code,
         "cpus": os.cpu_count(),
         "node_slots": args.slots,
         "runtimes": args.runtimes,
-        "corral": [
-            await drive(url, key, body, requests=args.requests, concurrency=c) for c in levels
-        ],
+        "corral": corral,
         "baseline_one_shot_jail": [await baseline(args.baseline_requests, c) for c in levels],
     }
+    if before is not None:
+        results["before"] = {"revision": args.compare, "corral": earlier}
+    return results
+
+
+def export(revision: str) -> Path:
+    """The tree of ``revision``, exported into a temporary directory."""
+    target = Path(tempfile.mkdtemp(prefix=f"corral-{revision}-"))
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", revision], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
+    return target
 
 
 def main() -> None:
@@ -201,8 +226,10 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,8,32")
     parser.add_argument("--slots", type=int, default=8, help="node slots of the started server")
     parser.add_argument("--runtimes", default="nsjail", help="backends of the started server")
+    parser.add_argument("--compare", help="also measure the server of this earlier commit")
     args = parser.parse_args()
-    server = None
+    server = earlier = None
+    tree = None
     try:
         if args.url:
             url, key = args.url, args.api_key
@@ -210,14 +237,23 @@ def main() -> None:
             server = Server(slots=args.slots, runtimes=args.runtimes)
             server.wait_ready()
             url, key = server.url, server.tenant_key()
-        results = asyncio.run(measure(url, key, args))
+        before = None
+        if args.compare:
+            tree = export(args.compare)
+            earlier = Server(slots=args.slots, runtimes=args.runtimes, root=tree)
+            earlier.wait_ready()
+            before = (earlier.url, earlier.tenant_key())
+        results = asyncio.run(measure(url, key, args, before))
         metrics = httpx.get(f"{url}/metrics", timeout=10).text
         results["pool"] = [
             line for line in metrics.splitlines() if line.startswith("corral_pool_workers")
         ]
     finally:
-        if server is not None:
-            server.stop()
+        for started in (server, earlier):
+            if started is not None:
+                started.stop()
+        if tree is not None:
+            shutil.rmtree(tree, ignore_errors=True)
     print(json.dumps(results, indent=2))
 
 
