@@ -68,7 +68,8 @@ class GatewayTransport(ABC):
     @abstractmethod
     def results(self) -> AsyncIterator[list[Entry]]:
         """Batches of what nodes report to this gateway, and node events for anyone;
-        first whatever this gateway read before a restart and never settled."""
+        first what this gateway had read and not settled when its reading was interrupted
+        (a lost connection). A gateway that dies leaves the rest to ``adopt``."""
 
     def drain(self) -> list[Entry]:
         """What this process holds in memory and has not handed to the recorder yet (read

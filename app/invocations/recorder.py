@@ -5,10 +5,11 @@ dispatched the Job; the recorder of that gateway reads a batch, stores it throug
 group-commit writer (each write under its claim token: ``app.db.invocations``), and
 only then **settles** it (acknowledges the entries and the Jobs' deliveries, removes the
 markers) and hands each waiting request the columns that were stored. A write that
-fails is retried, with backoff, until it is stored: nothing read is ever dropped, and
-what this process read but never settled is read again by its successor or adopted by
-the reconciler. Storing is idempotent (a claim can be stored once), so reading an event
-twice changes nothing.
+fails is retried, with backoff, until it is stored: nothing read is ever dropped. What
+this gateway read but never settled is read again when its reading resumes, or, if the
+gateway dies, adopted by the reconciler of another (a new process is a new gateway, with
+a results stream of its own). Storing is idempotent (a claim can be stored once), so
+reading an event twice changes nothing.
 
 Idle-capacity events of warm pools (``PoolUsage``) are stored as platform usage; a
 ``Stored`` notice (the reconciler ended a row elsewhere) answers a local waiter from
