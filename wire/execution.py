@@ -7,8 +7,13 @@ models with only plain fields.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+#: A stage that hit its wall-clock limit while getting less than this share of one core
+#: (CPU time over wall time) was starved by others, not slow: it is reported ``contended``.
+CONTENDED_BELOW_CORES = 0.5
 
 
 class StageStatus(StrEnum):
@@ -23,11 +28,29 @@ class StageStatus(StrEnum):
 
 
 class RunLimits(BaseModel):
+    """Limits of one execution. Time is judged on wall-clock time by default; with
+    ``time_basis="cpu"`` each stage's timeout is a limit on its CPU time, and the stage is
+    stopped by wall-clock time only at ``wall_backstop_factor`` times its timeout (an
+    exact verdict for code that merely waited for a core, at the cost of latency)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     compile_timeout_s: float = Field(10.0, gt=0)
     run_timeout_s: float = Field(10.0, gt=0)
+    time_basis: Literal["wall", "cpu"] = "wall"
+    wall_backstop_factor: float = Field(3.0, ge=1.0, le=10.0)
+
+    def wall_limit(self, timeout_s: float) -> float:
+        """The wall-clock limit of a stage whose timeout is ``timeout_s``."""
+        return timeout_s * (self.wall_backstop_factor if self.time_basis == "cpu" else 1.0)
+
+    @property
+    def wall_seconds(self) -> float:
+        """The longest both stages can take by the clock."""
+        return self.wall_limit(self.compile_timeout_s) + self.wall_limit(self.run_timeout_s)
+
     memory_mb: int = Field(512, ge=16)
+    compile_memory_mb: int = Field(1024, ge=16, description="memory of a compile stage")
     max_output_bytes: int = Field(1024 * 1024, ge=1024)
     max_processes: int = Field(64, ge=1)
     max_file_bytes: int = Field(64 * 1024 * 1024, ge=1024)
@@ -58,12 +81,24 @@ class StageResult(BaseModel):
     stderr_truncated: bool = False
     wall_ms: float = 0.0
     cpu_ms: float | None = None
+    contended: bool = Field(
+        False,
+        description="the stage hit its wall-clock limit while it got less than "
+        "CONTENDED_BELOW_CORES of a core: others took the CPU, the code may be correct",
+    )
     peak_memory_kb: int | None = None
     message: str | None = None
 
     @property
     def ok(self) -> bool:
         return self.status is StageStatus.FINISHED and self.exit_code == 0
+
+    def judge_contention(self) -> StageResult:
+        """Set ``contended`` for a wall-clock time limit hit with under
+        ``CONTENDED_BELOW_CORES`` of a core (needs ``cpu_ms``); returns self."""
+        if self.status is StageStatus.TIME_LIMIT and self.cpu_ms is not None and self.wall_ms > 0:
+            self.contended = self.cpu_ms < CONTENDED_BELOW_CORES * self.wall_ms
+        return self
 
 
 class RunResult(BaseModel):
@@ -83,6 +118,10 @@ class RunResult(BaseModel):
     def succeeded(self) -> bool:
         stages = [s for s in (self.compile, self.run) if s is not None]
         return self.error is None and bool(stages) and all(s.ok for s in stages)
+
+    @property
+    def contended(self) -> bool:
+        return any(s is not None and s.contended for s in (self.compile, self.run))
 
     @property
     def outcome(self) -> str:

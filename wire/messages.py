@@ -42,9 +42,8 @@ class Job(_Message):
 
     @property
     def deadline_seconds(self) -> float:
-        """The longest the job can legitimately run (compile plus run limits)."""
-        limits = self.spec.limits
-        return limits.compile_timeout_s + limits.run_timeout_s
+        """The longest the job can legitimately run (compile plus run, by the clock)."""
+        return self.spec.limits.wall_seconds
 
 
 class Marker(_Message):

@@ -245,7 +245,7 @@ class Invocations:
 
 
 def _wall(spec: RunSpec) -> float:
-    return spec.limits.compile_timeout_s + spec.limits.run_timeout_s
+    return spec.limits.wall_seconds
 
 
 def _request_record(spec: RunSpec) -> dict[str, Any]:

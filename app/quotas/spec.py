@@ -8,7 +8,7 @@ from it. Adding a quota is adding a field below.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -34,6 +34,12 @@ class QuotaLimits(BaseModel):
     )
     max_sandbox_lifetime_seconds: int = Field(
         3600, ge=1, le=30 * 86_400, description="Lifetime of one sandbox."
+    )
+    time_limit_basis: Literal["wall", "cpu"] = Field(
+        "wall",
+        description="How a time limit is judged: wall-clock time (fast verdicts; a stage "
+        "starved of CPU is flagged contended), or CPU time with a wall-clock backstop "
+        "(exact verdicts, more latency under contention).",
     )
 
     def merged(self, patch: BaseModel | None) -> QuotaLimits:
@@ -61,7 +67,9 @@ class QuotaDefaults(QuotaLimits, BaseSettings):
 def _patch_model() -> type[BaseModel]:
     fields: dict[str, Any] = {
         name: (
-            Annotated[info.annotation, *info.metadata] | None,
+            Optional[  # noqa: UP045 - a type built at run time
+                Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation
+            ],
             Field(None, description=info.description),
         )
         for name, info in QuotaLimits.model_fields.items()

@@ -31,6 +31,7 @@ def _fields(row: Invocation) -> dict[str, object]:
         "status": row.status,
         "error": row.error,
         "attempts": row.attempts,
+        "contended": bool(result and result.contended),
         "compile": result.compile if result else None,
         "run": result.run if result else None,
         "files": result.files if result else {},

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pydantic import RootModel
 
 from app.http.endpoint import Call, endpoint
-from app.invocations.limits import limits_for
+from app.invocations.limits import grant
 from app.invocations.projection import stored_result
 from app.schemas.sandboxfusion import (
     SfCommandRunResult,
@@ -51,22 +51,25 @@ async def ping(call: Call) -> Pong:
 async def run_code(call: Call) -> SfRunCodeResponse:
     body: SfRunCodeRequest = call.body
     principal = call.tenant
+    granted = grant(
+        principal.quota,
+        memory_mb=body.memory_limit_MB if body.memory_limit_MB > 0 else None,
+        run_timeout_s=body.run_timeout,
+        compile_timeout_s=body.compile_timeout,
+        on_excess="cap",
+    )
     spec = RunSpec(
         language=body.language,
         code=body.code,
         stdin=body.stdin or "",
         files={k: v for k, v in body.files.items() if v is not None},
         fetch_files=body.fetch_files,
-        limits=limits_for(
-            principal.quota,
-            memory_mb=body.memory_limit_MB if body.memory_limit_MB > 0 else None,
-            run_timeout_s=body.run_timeout,
-            compile_timeout_s=body.compile_timeout,
-            on_excess="cap",
-        ),
+        limits=granted.limits,
     )
     row = await call.services.invocations.run(principal, spec)
-    return to_response(stored_result(row), invocation_id=row.id, node_id=row.node_id)
+    response = to_response(stored_result(row), invocation_id=row.id, node_id=row.node_id)
+    response.capped = granted.capped or None
+    return response
 
 
 def to_response(
@@ -112,6 +115,8 @@ def _command(stage: StageResult | None) -> SfCommandRunResult | None:
         return_code=code,
         stdout=stage.stdout,
         stderr=stderr,
+        cpu_time=stage.cpu_ms / 1000.0 if stage.cpu_ms is not None else None,
+        contended=stage.contended,
     )
 
 

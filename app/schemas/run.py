@@ -40,6 +40,11 @@ class RunResponse(BaseModel):
     status: str = Field(description="succeeded | failed (the code failed) | errored (platform)")
     error: str | None = None
     attempts: int = 1
+    contended: bool = Field(
+        False,
+        description="a stage hit its wall-clock limit while starved of CPU by other work: "
+        "a time limit that says little about the code (see the stage's cpu_ms)",
+    )
     compile: StageResult | None = None
     run: StageResult | None = None
     files: dict[str, str] = Field(default_factory=dict)

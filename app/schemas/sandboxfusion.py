@@ -43,6 +43,13 @@ class SfCommandRunResult(BaseModel):
     return_code: int | None = None
     stdout: str | None = None
     stderr: str | None = None
+    # Corral's additions (clients that do not know them ignore them):
+    cpu_time: float | None = Field(None, description="CPU seconds the stage used")
+    contended: bool = Field(
+        False,
+        description="TimeLimitExceeded while the stage got well under a core (other work "
+        "took the CPU): the code may be correct",
+    )
 
 
 class SfRunCodeResponse(BaseModel):
@@ -52,3 +59,7 @@ class SfRunCodeResponse(BaseModel):
     run_result: SfCommandRunResult | None = None
     executor_pod_name: str | None = None
     files: dict[str, str] = Field(default_factory=dict)
+    capped: dict[str, dict[str, float]] | None = Field(
+        None,
+        description="requested limits lowered to the tenant's quota: name -> requested, granted",
+    )

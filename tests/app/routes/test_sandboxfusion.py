@@ -11,6 +11,7 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
+from app.db.models import Invocation
 from tests.conftest import ADMIN
 
 
@@ -45,6 +46,7 @@ def test_run_code_success_shape(client: TestClient, new_tenant: Any) -> None:
         "run_result",
         "executor_pod_name",
         "files",
+        "capped",  # Corral's: what a quota lowered (clients ignore what they do not know)
     }
 
 
@@ -72,9 +74,32 @@ def test_limits_over_quota_are_capped_not_refused(client: TestClient, new_tenant
         "/run_code", json=sf({}, memory_limit_MB=4096, run_timeout=60), headers=tenant["headers"]
     ).json()
     assert body["status"] == "Success"
+    assert body["capped"] == {
+        "memory_mb": {"requested": 4096, "granted": 256},
+        "run_timeout_s": {"requested": 60, "granted": 5},
+        "compile_timeout_s": {"requested": 10, "granted": 5},  # SandboxFusion's default
+    }
     listed = client.get("/v1/invocations", headers=tenant["headers"]).json()["invocations"]
-    # The stored request shows the capped limits.
     assert listed[0]["status"] == "succeeded"
+    # The stored request shows the limits it ran under: the capped ones.
+    services = client.app.state.services  # type: ignore[attr-defined]
+
+    async def stored_limits() -> Any:
+        async with services.sessions() as session:
+            row = await session.get(Invocation, listed[0]["invocation_id"])
+            return row.request["limits"]
+
+    limits = client.portal.call(stored_limits)  # type: ignore[union-attr]
+    assert (limits["memory_mb"], limits["run_timeout_s"]) == (256, 5.0)
+    assert limits["compile_timeout_s"] == 5.0  # 10 s asked by default, capped too
+    assert limits["compile_memory_mb"] == 256  # a compile gets no more than the maximum
+
+
+def test_a_request_within_the_quota_says_nothing_was_capped(
+    client: TestClient, new_tenant: Any
+) -> None:
+    body = client.post("/run_code", json=sf({}), headers=new_tenant()["headers"]).json()
+    assert body["status"] == "Success" and body["capped"] is None
 
 
 def test_extra_fields_and_null_files_are_tolerated(client: TestClient, new_tenant: Any) -> None:
