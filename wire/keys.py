@@ -3,7 +3,10 @@
 Streams and their consumer groups:
 
 * ``jobs_for_node(id)``: work the gateway placed on one node (group ``NODE_GROUP``).
-* ``jobs(runtime)``: overflow work any node of that runtime may take (group ``NODE_GROUP``).
+* ``jobs(runtime, tenant)``: overflow work of one tenant that any node of that runtime may
+  take (group ``NODE_GROUP``); ``queues(runtime)`` is the set of tenants with such a
+  stream. Nodes take from these round-robin, one tenant after another, so one tenant's
+  backlog never stands in front of another tenant's work.
 * ``results(gateway)``: what nodes report about the jobs a gateway dispatched (group
   ``RECORDER_GROUP``); the gateway's recorder stores them, a reconciler adopts the
   stream of a gateway that died.
@@ -34,9 +37,19 @@ GATEWAYS = f"{PREFIX}:gateways"
 EVENTS = f"{PREFIX}:events"
 
 
-def jobs(runtime: str) -> str:
-    """Overflow stream of Jobs for one runtime (``nsjail``, ``wasm``, ...)."""
-    return f"{PREFIX}:jobs:{runtime}"
+def jobs(runtime: str, tenant_id: str) -> str:
+    """Overflow stream of one tenant's Jobs for one runtime (``nsjail``, ``wasm``, ...)."""
+    return f"{PREFIX}:jobs:{runtime}:tenant:{tenant_id}"
+
+
+def queues(runtime: str) -> str:
+    """Set of the tenants that have an overflow stream for ``runtime``."""
+    return f"{PREFIX}:queues:{runtime}"
+
+
+def tenant_of(stream: str) -> str:
+    """The tenant of an overflow stream name (``jobs(runtime, tenant)``)."""
+    return stream.rpartition(":tenant:")[2]
 
 
 def jobs_for_node(node_id: str) -> str:

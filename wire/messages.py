@@ -63,7 +63,7 @@ class Marker(_Message):
     @classmethod
     def placing(cls, job: Job, *, node_id: str | None, hold_s: float) -> Marker:
         """The marker of ``job`` put on ``node_id``'s stream (None: its runtime's overflow)."""
-        stream = keys.jobs_for_node(node_id) if node_id else keys.jobs(job.runtime)
+        stream = keys.jobs_for_node(node_id) if node_id else keys.jobs(job.runtime, job.tenant_id)
         return cls(
             claim=job.claim,
             attempt=job.attempt,

@@ -68,7 +68,12 @@ class InProcessTransport(GatewayTransport, NodeTransport):
         return [report for report, expiry in self._reports.values() if expiry > now]
 
     async def backlog(self, runtimes: Sequence[str]) -> dict[str, int]:
-        return {runtime: len(self._streams.get(keys.jobs(runtime), ())) for runtime in runtimes}
+        return {
+            runtime: sum(
+                len(q) for s, q in self._streams.items() if s.startswith(keys.jobs(runtime, ""))
+            )
+            for runtime in runtimes
+        }
 
     # --- gateway: recorder ------------------------------------------------------------
     async def results(self) -> AsyncIterator[list[Entry]]:
@@ -139,14 +144,33 @@ class InProcessTransport(GatewayTransport, NodeTransport):
     async def deliveries(
         self, node_id: str, runtimes: list[str], capacity: Callable[[], int]
     ) -> AsyncIterator[Delivery]:
-        streams = [keys.jobs_for_node(node_id), *(keys.jobs(r) for r in sorted(runtimes))]
+        own = keys.jobs_for_node(node_id)
+        prefixes = tuple(keys.jobs(runtime, "") for runtime in runtimes)
+        turn = 0
         while True:
-            delivery = self._take(streams)
+            # Its own stream first, then the tenants' overflow queues one after another.
+            overflow = sorted(s for s, q in self._streams.items() if q and s.startswith(prefixes))
+            order = (
+                [own, *overflow[turn % len(overflow) :], *overflow[: turn % len(overflow)]]
+                if overflow
+                else [own]
+            )
+            delivery = self._take(order)
             if delivery is not None:
+                if delivery.ref.stream != own:
+                    turn = overflow.index(delivery.ref.stream) + 1
                 yield delivery
                 continue
             async with self._arrived:
-                await self._arrived.wait_for(lambda: any(self._streams.get(s) for s in streams))
+                await self._arrived.wait_for(
+                    lambda: (
+                        bool(self._streams.get(own))
+                        or any(q for s, q in self._streams.items() if s.startswith(prefixes))
+                    )
+                )
+
+    async def waiting(self, node_id: str) -> int:
+        return len(self._streams.get(keys.jobs_for_node(node_id), ()))
 
     def _take(self, streams: list[str]) -> Delivery | None:
         for stream in streams:

@@ -100,7 +100,9 @@ class RedisGatewayTransport(GatewayTransport):
             # without persistence), make both again rather than a group-less stream.
             pipe.xadd(stream, {"job": job.model_dump_json()}, nomkstream=True)
             pipe.set(keys.inflight(job.invocation_id), marker.model_dump_json(), px=wait_ms)
-            entry_id, _ = await pipe.execute()
+            if node_id is None:  # the tenant's overflow queue: nodes take from it in turn
+                pipe.sadd(keys.queues(job.runtime), job.tenant_id)
+            entry_id = (await pipe.execute())[0]
         if entry_id is None:
             self._groups.discard(stream)
             await self._ensure_group(stream, keys.NODE_GROUP)
@@ -122,11 +124,18 @@ class RedisGatewayTransport(GatewayTransport):
         return reports
 
     async def backlog(self, runtimes: Sequence[str]) -> dict[str, int]:
+        streams = {runtime: await self._overflow(runtime) for runtime in runtimes}
         async with self._redis.pipeline(transaction=False) as pipe:
             for runtime in runtimes:
-                pipe.xlen(keys.jobs(runtime))
-            lengths = await pipe.execute()
-        return {runtime: int(n) for runtime, n in zip(runtimes, lengths, strict=True)}
+                for stream in streams[runtime]:
+                    pipe.xlen(stream)
+            lengths = iter(await pipe.execute())
+        return {runtime: sum(int(next(lengths)) for _ in streams[runtime]) for runtime in runtimes}
+
+    async def _overflow(self, runtime: str) -> list[str]:
+        """The overflow streams of ``runtime``: one per tenant that queued work there."""
+        tenants = await self._redis.smembers(keys.queues(runtime))
+        return [keys.jobs(runtime, tenant) for tenant in sorted(tenants)]
 
     # --- recorder ---------------------------------------------------------------------
     async def results(self) -> AsyncIterator[list[Entry]]:
@@ -293,8 +302,8 @@ class RedisGatewayTransport(GatewayTransport):
 
     async def release(self, node_id: str, runtimes: Sequence[str]) -> int:
         moved = 0
-        for runtime in runtimes:
-            stream = keys.jobs(runtime)
+        streams = [(r, s) for r in runtimes for s in await self._overflow(r)]
+        for runtime, stream in streams:
             try:
                 pending = await self._redis.xpending_range(
                     stream, keys.NODE_GROUP, "-", "+", 1000, consumername=node_id
@@ -307,6 +316,7 @@ class RedisGatewayTransport(GatewayTransport):
                 async with self._redis.pipeline(transaction=True) as pipe:
                     if requeue is not None:
                         pipe.xadd(stream, {"job": requeue})
+                        pipe.sadd(keys.queues(runtime), keys.tenant_of(stream))
                     pipe.xack(stream, keys.NODE_GROUP, entry_id)
                     pipe.xdel(stream, entry_id)
                     await pipe.execute()
@@ -334,8 +344,7 @@ class RedisGatewayTransport(GatewayTransport):
         return str(raw)
 
     async def forget_node(self, node_id: str, runtimes: Sequence[str]) -> None:
-        for runtime in runtimes:
-            stream = keys.jobs(runtime)
+        for stream in [s for runtime in runtimes for s in await self._overflow(runtime)]:
             try:
                 pending = await self._redis.xpending_range(
                     stream, keys.NODE_GROUP, min="-", max="+", count=10_000, consumername=node_id

@@ -66,6 +66,9 @@ BATCH = 2000
 FORGET_AFTER_S = 600.0
 #: Entries of dead gateways' results streams recorded per pass.
 ADOPT_PER_PASS = 20
+#: How often what a dead node read and never claimed is looked for (it scans every
+#: tenant's overflow stream of the node's runtimes).
+RELEASE_EVERY_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +125,7 @@ class Reconciler:
         self._interval_s = interval_s
         self._clock = clock
         self._dead_since: dict[str, float] = {}
+        self._released_at: dict[str, float] = {}
         self.leading = False
 
     async def run(self) -> None:
@@ -322,12 +326,15 @@ class Reconciler:
         for node in await self._transport.catalogue():
             runtimes.update(node.runtimes)
         for node_id in await self._transport.dead_nodes():
-            done.released += await self._transport.release(node_id, sorted(runtimes))
             since = self._dead_since.setdefault(node_id, now)
+            if now - self._released_at.get(node_id, 0.0) >= RELEASE_EVERY_S:
+                done.released += await self._transport.release(node_id, sorted(runtimes))
+                self._released_at[node_id] = now
             if now - since > FORGET_AFTER_S:
                 log.info("reconciler: forgetting node %s (dead since %.0fs)", node_id, now - since)
                 await self._transport.forget_node(node_id, sorted(runtimes))
                 self._dead_since.pop(node_id, None)
+                self._released_at.pop(node_id, None)
 
 
 def _unmarked(row: invocations.OpenRow, marker: Marker | None) -> bool:

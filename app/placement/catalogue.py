@@ -1,8 +1,9 @@
 """The gateway's copy of what the live nodes reported (``wire.messages.NodeReport``).
 
-Read from the transport at most every ``refresh_s``; between two reads the gateway
-counts what it placed on each node itself, so a burst does not pile onto the node that
-looked emptiest in the last report.
+Read from the transport at most every ``refresh_s``. A report counts the node's running
+executions and the Jobs waiting on its stream; the gateway subtracts what it placed on
+the node after the report was made, so a burst does not pile onto the node that looked
+emptiest in a report that predates it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ from collections.abc import Callable, Sequence
 from app.dispatch.transport import GatewayTransport
 from wire.messages import NodeReport
 
+#: How long before a node's report a placement may still be missing from it.
+PLACED_MARGIN_S = 0.5
+
 
 class Catalogue:
     def __init__(
@@ -22,14 +26,16 @@ class Catalogue:
         *,
         refresh_s: float,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
+        self._wall = wall
         self._transport = transport
         self._refresh_s = refresh_s
         self._clock = clock
         self._read_at = -1e18
         self._nodes: list[NodeReport] = []
         self._backlog: dict[str, int] = {}
-        self._placed: collections.Counter[str] = collections.Counter()
+        self._placed: dict[str, list[float]] = collections.defaultdict(list)  # node -> times
 
     async def nodes(self) -> list[NodeReport]:
         now = self._clock()
@@ -37,19 +43,28 @@ class Catalogue:
             self._nodes = await self._transport.catalogue()
             runtimes = sorted({rt for node in self._nodes for rt in node.runtimes})
             self._backlog = await self._transport.backlog(runtimes) if runtimes else {}
-            self._placed.clear()
+            # A placement shortly before a report may not be on the node's stream yet when
+            # the node counts what waits there: keep counting it for PLACED_MARGIN_S.
+            reported = {node.node_id: node.reported_at - PLACED_MARGIN_S for node in self._nodes}
+            self._placed = collections.defaultdict(
+                list,
+                {
+                    node_id: [t for t in times if t > reported.get(node_id, float("inf"))]
+                    for node_id, times in self._placed.items()
+                },
+            )
             self._read_at = now
         return self._nodes
 
     def free(self, node: NodeReport) -> int:
         """Slots the node had free at its last report, less what was placed on it since."""
-        return node.slots_free - self._placed[node.node_id]
+        return node.slots_free - len(self._placed.get(node.node_id, ()))
 
     def placed(self, node_id: str | None, runtime: str) -> None:
         if node_id is None:
             self._backlog[runtime] = self._backlog.get(runtime, 0) + 1
         else:
-            self._placed[node_id] += 1
+            self._placed[node_id].append(self._wall())
 
     def backlog(self, runtime: str) -> int:
         return self._backlog.get(runtime, 0)

@@ -18,7 +18,11 @@ class QuotaLimits(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     max_concurrent_executions: int = Field(
-        16, ge=1, le=100_000, description="Executions running at once (more wait in admission)."
+        128,
+        ge=1,
+        le=100_000,
+        description="Executions running at once (more wait in admission). RL reward clients "
+        "send whole batches at once; nodes share their slots fairly between tenants.",
     )
     max_concurrent_sandboxes: int = Field(8, ge=0, le=100_000, description="Live sandboxes.")
     executions_per_second: float = Field(

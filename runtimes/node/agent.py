@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from runtimes.base import Runtime
+from runtimes.node.memory import MemoryGuard
 from runtimes.node.metrics import NodeMetrics
 from runtimes.node.settings import NodeSettings
 from runtimes.node.transport import Claim, Delivery, NodeTransport
@@ -53,6 +54,7 @@ class NodeAgent:
         *,
         metrics: NodeMetrics | None = None,
         usage_period_s: float = USAGE_PERIOD_S,
+        memory: MemoryGuard | None = None,
     ) -> None:
         self.node_id = settings.resolved_node_id
         self.incarnation = secrets.token_hex(6)
@@ -63,6 +65,7 @@ class NodeAgent:
         self.address: str | None = None  #: set by the node's HTTP listener, when it has one
         self._usage_period_s = usage_period_s
         self._slots = asyncio.Semaphore(settings.node_slots)
+        self.memory = memory or MemoryGuard(settings.memory_reserve_mb)
         self._busy = 0
         self._memory_mb = settings.resolved_memory_mb
         self._memory_used_mb = 0
@@ -85,6 +88,12 @@ class NodeAgent:
             "Execution slots of this node: total and busy.",
             ["state"],
             lambda: {("total",): float(settings.node_slots), ("busy",): float(self._busy)},
+        )
+        self.metrics.gauge(
+            "corral_node_memory_held_seconds",
+            "Seconds this node held new work back because the host was short of memory.",
+            [],
+            lambda: {(): self.memory.held_seconds},
         )
 
     # --- life cycle ---------------------------------------------------------------------
@@ -134,7 +143,9 @@ class NodeAgent:
     def runtimes(self) -> dict[str, list[str]]:
         return {name: [lang.name for lang in rt.languages()] for name, rt in self.backends.items()}
 
-    def report(self) -> NodeReport:
+    def report(self, waiting: int = 0) -> NodeReport:
+        """This node's entry in the catalogue; ``waiting`` Jobs placed on it and not taken
+        yet count as busy slots."""
         warm: dict[str, int] = {}
         for backend in self.backends.values():
             warm.update(backend.inventory())
@@ -144,9 +155,15 @@ class NodeAgent:
             address=self.address,
             runtimes=self.runtimes(),
             slots=self.settings.node_slots,
-            slots_free=max(0, self.settings.node_slots - self._busy),
+            slots_free=max(0, self.settings.node_slots - self._busy - waiting),
             memory_mb=self._memory_mb,
-            memory_free_mb=max(0, self._memory_mb - self._memory_used_mb),
+            memory_free_mb=max(
+                0,
+                min(
+                    self._memory_mb - self._memory_used_mb,
+                    self.memory.available_mb() - self.memory.reserve_mb,
+                ),
+            ),
             warm=warm,
             started_at=self._started_at,
             reported_at=time.time(),
@@ -161,8 +178,16 @@ class NodeAgent:
                     self.node_id, runtimes, lambda: self.settings.node_slots - self._busy
                 )
                 try:
-                    async for delivery in deliveries:
+                    while True:
+                        # A free slot first, then the next Job: the choice of what runs
+                        # next is made when it can run, with every tenant's work in view.
                         await self._slots.acquire()
+                        try:
+                            await self.memory.room()
+                            delivery = await anext(deliveries)
+                        except BaseException:
+                            self._slots.release()
+                            raise
                         self._busy += 1
                         task = asyncio.create_task(
                             self._handle(delivery), name=f"inv-{delivery.job.invocation_id}"
@@ -181,7 +206,8 @@ class NodeAgent:
         while True:
             await asyncio.sleep(self.settings.heartbeat_seconds)
             try:
-                await self.transport.announce(self.report())
+                waiting = await self.transport.waiting(self.node_id)
+                await self.transport.announce(self.report(waiting))
             except Exception as exc:
                 log.warning("node %s: heartbeat failed: %r", self.node_id, exc)
 
@@ -275,12 +301,18 @@ class NodeAgent:
         if backend is None:
             return RunResult(error=f"node {self.node_id} has no runtime {job.runtime!r}")
         try:
-            return await backend.run(
+            result = await backend.run(
                 job.spec, tenant_id=job.tenant_id, invocation_id=job.invocation_id
             )
         except Exception as exc:
             log.exception("inv=%s runtime %s raised", job.invocation_id, job.runtime)
             return RunResult(error=f"runtime {job.runtime} failed: {type(exc).__name__}")
+        # A time limit hit while the stage got well under a core is the machine's
+        # contention, not the code's slowness: say so, whatever the backend.
+        for stage in (result.compile, result.run):
+            if stage is not None:
+                stage.judge_contention()
+        return result
 
     async def _retry(
         self,

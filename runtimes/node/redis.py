@@ -1,8 +1,11 @@
 """A node's transport on Redis: streams in, one claim script, a results stream out.
 
-A node reads its own job stream (``keys.jobs_for_node``) and the overflow stream of
-each of its runtimes (``keys.jobs``) in the ``NODE_GROUP`` consumer group, under its
-node id as consumer name. At start it first re-reads what it had taken before a restart
+A node reads its own job stream (``keys.jobs_for_node``) and the tenants' overflow
+streams of its runtimes (``keys.jobs``, one per tenant; ``keys.queues`` lists them) in the
+``NODE_GROUP`` consumer group, under its node id as consumer name. It takes overflow work
+one tenant after another: each read asks the next tenants in turn for one Job each, as
+many tenants as it has free slots, so a tenant's wait does not grow with another
+tenant's backlog. At start it first re-reads what it had taken before a restart
 (its pending entries). Claiming runs one Lua script that checks the Job's token against
 the dispatch marker, records this node as the holder and publishes ``Started`` on the
 gateway's results stream, all at once. A dropped delivery is acknowledged and deleted
@@ -34,6 +37,17 @@ SWEEP_S = 2.0
 SWEEP_IDLE_MS = 3000
 #: Pending entries of one consumer looked at per stream and sweep.
 PENDING_SCAN = 10_000
+#: How long a read that includes tenants' overflow streams blocks, and how often the set
+#: of tenants with overflow work is read again.
+OVERFLOW_POLL_MS = 250
+QUEUES_REFRESH_S = 0.25
+
+# KEYS[1] a tenant's overflow stream, KEYS[2] the set of tenants; ARGV tenant.
+# Forgets the tenant's queue once it is empty (a dispatch adds it back atomically).
+_FORGET_EMPTY = """
+if redis.call('XLEN', KEYS[1]) == 0 then redis.call('SREM', KEYS[2], ARGV[1]) end
+return 0
+"""
 
 # KEYS[1] marker, KEYS[2] results stream
 # ARGV claim, node id, incarnation, now (epoch s), Started json, results stream maxlen,
@@ -68,6 +82,7 @@ class RedisNodeTransport(NodeTransport):
         self._dead_after_ms = int(dead_after_s * 1000)
         self._poll_ms = int(poll_s * 1000)
         self._claim = redis.register_script(_CLAIM)
+        self._groups: set[str] = set()
 
     async def announce(self, report: NodeReport) -> None:
         async with self._redis.pipeline(transaction=True) as pipe:
@@ -84,25 +99,34 @@ class RedisNodeTransport(NodeTransport):
     async def deliveries(
         self, node_id: str, runtimes: list[str], capacity: Callable[[], int]
     ) -> AsyncIterator[Delivery]:
-        streams = [keys.jobs_for_node(node_id), *(keys.jobs(r) for r in sorted(runtimes))]
-        await self._ensure_groups(streams)
+        own = keys.jobs_for_node(node_id)
+        queues = _TenantQueues(self._redis, sorted(runtimes))
+        await self._ensure_groups([own])
         taken: dict[tuple[str, str], float] = {}  # (stream, entry id) yielded, still pending
         # What this consumer took before a restart and never saw through comes first.
-        async for delivery in self._pending(node_id, streams, taken, idle_ms=0):
+        overflow = await queues.streams()
+        async for delivery in self._pending(node_id, [own, *overflow], taken, idle_ms=0):
             yield delivery
         sweep_at = time.monotonic() + SWEEP_S
         while True:
             if time.monotonic() >= sweep_at:
-                async for delivery in self._pending(node_id, streams, taken, idle_ms=SWEEP_IDLE_MS):
+                overflow = await queues.streams(forget_empty=True)
+                async for delivery in self._pending(
+                    node_id, [own, *overflow], taken, idle_ms=SWEEP_IDLE_MS
+                ):
                     yield delivery
                 sweep_at = time.monotonic() + SWEEP_S
+            # This node's own stream, and the next tenants' overflow streams in turn: one
+            # Job from each of as many tenants as it has free slots.
+            turn = await queues.turn(max(1, capacity()))
             try:
+                await self._ensure_groups(turn)
                 batches = await self._redis.xreadgroup(
                     keys.NODE_GROUP,
                     node_id,
-                    dict.fromkeys(streams, ">"),
-                    count=max(1, capacity()),
-                    block=self._poll_ms,
+                    dict.fromkeys([own, *turn], ">"),
+                    count=1 if turn else max(1, capacity()),
+                    block=OVERFLOW_POLL_MS if turn else self._poll_ms,
                 )
             except ResponseError as exc:
                 # A stream or the group is gone (Redis restarted without persistence, or
@@ -110,7 +134,8 @@ class RedisNodeTransport(NodeTransport):
                 if "NOGROUP" not in str(exc):
                     raise
                 log.warning("node %s: job streams vanished (%s); recreating", node_id, exc)
-                await self._ensure_groups(streams)
+                self._groups.clear()
+                await self._ensure_groups([own])
                 continue
             for stream, entries in batches or []:
                 for entry_id, fields in entries:
@@ -159,6 +184,16 @@ class RedisNodeTransport(NodeTransport):
                 delivery = await self._decode(stream, entry_id, fields)
                 if delivery is not None:
                     yield delivery
+
+    async def waiting(self, node_id: str) -> int:
+        try:
+            groups = await self._redis.xinfo_groups(keys.jobs_for_node(node_id))
+        except ResponseError:
+            return 0  # no stream yet
+        for group in groups:
+            if group["name"] == keys.NODE_GROUP:
+                return int(group.get("lag") or 0)
+        return 0
 
     async def claim(self, delivery: Delivery, started: Started, *, incarnation: str) -> Claim:
         job = delivery.job
@@ -219,8 +254,51 @@ class RedisNodeTransport(NodeTransport):
 
     async def _ensure_groups(self, streams: list[str]) -> None:
         for stream in streams:
+            if stream in self._groups:
+                continue
             try:
                 await self._redis.xgroup_create(stream, keys.NODE_GROUP, id="0", mkstream=True)
             except ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
                     raise
+            self._groups.add(stream)
+
+
+class _TenantQueues:
+    """The overflow streams of a node's runtimes, one per tenant, taken in turn."""
+
+    def __init__(self, redis: Any, runtimes: list[str]) -> None:
+        self._redis = redis
+        self._runtimes = runtimes
+        self._forget = redis.register_script(_FORGET_EMPTY)
+        self._streams: list[str] = []
+        self._read_at = -1e18
+        self._next = 0
+
+    async def streams(self, *, forget_empty: bool = False) -> list[str]:
+        if forget_empty:
+            for stream in self._streams:
+                runtime = stream.split(":")[2]
+                await self._forget(
+                    keys=[stream, keys.queues(runtime)], args=[keys.tenant_of(stream)]
+                )
+            self._read_at = -1e18
+        now = time.monotonic()
+        if now - self._read_at >= QUEUES_REFRESH_S:
+            found = []
+            for runtime in self._runtimes:
+                tenants = await self._redis.smembers(keys.queues(runtime))
+                found += [keys.jobs(runtime, tenant) for tenant in sorted(tenants)]
+            self._streams, self._read_at = found, now
+        return self._streams
+
+    async def turn(self, count: int) -> list[str]:
+        """The next ``count`` tenants' streams, starting where the last turn stopped."""
+        streams = await self.streams()
+        if not streams:
+            return []
+        start = self._next % len(streams)
+        rotated = streams[start:] + streams[:start]
+        chosen = rotated[: min(count, len(streams))]
+        self._next = start + len(chosen)
+        return chosen

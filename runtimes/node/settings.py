@@ -15,6 +15,11 @@ from typing import Any, Self
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+#: Memory per execution slot when the slots are derived from the node's memory: what a
+#: short program in a warm jail typically uses, not its limit.
+SLOT_MEMORY_MB = 64
+MAX_SLOTS = 512
+
 
 class NodeSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CORRAL_", extra="ignore")
@@ -25,7 +30,19 @@ class NodeSettings(BaseSettings):
         None, description="Where a separate node finds its work (required by `corral node`)."
     )
     data_dir: Path = Field(Path("var"), description="Where the backends keep their files.")
-    node_slots: int = Field(8, ge=1, description="Executions this node runs at once.")
+    node_slots: int = Field(
+        0,
+        ge=0,
+        description="Executions this node runs at once; 0: one per SLOT_MEMORY_MB of the "
+        "node's memory (a limit is a ceiling, not what a program uses: the memory guard, not "
+        "the slot count, holds work back when memory runs short).",
+    )
+    memory_reserve_mb: int = Field(
+        1024,
+        ge=0,
+        description="The node takes no new work while the host has less than this much "
+        "memory available (MemAvailable), so the kernel's OOM killer never has to choose.",
+    )
     node_memory_mb: int | None = Field(
         None,
         ge=64,
@@ -63,6 +80,8 @@ class NodeSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> Self:
+        if self.node_slots == 0:
+            self.node_slots = max(8, min(MAX_SLOTS, self.resolved_memory_mb // SLOT_MEMORY_MB))
         if "fake" in self.runtimes and not self.dev_mode:
             raise ValueError("the fake runtime is for tests only; it needs CORRAL_DEV_MODE=1")
         if self.heartbeat_seconds * 2 > self.node_dead_after_seconds:

@@ -52,6 +52,11 @@ class NodeTransport(ABC):
         restart (same node id) come again first."""
 
     @abstractmethod
+    async def waiting(self, node_id: str) -> int:
+        """Jobs placed on this node that it has not taken yet (its report subtracts them
+        from its free slots, so placement does not pile more onto it)."""
+
+    @abstractmethod
     async def claim(self, delivery: Delivery, started: Started, *, incarnation: str) -> Claim:
         """Claim the delivery's token for this node; on OK, ``started`` is published."""
 

@@ -9,5 +9,6 @@ import pytest
 
 @pytest.fixture
 def sandbox_url(live_server: Callable[..., str]) -> str:
-    """A server with nsjail workers and keyless loopback access, as `make run` has it."""
-    return live_server(runtimes=["nsjail"], default_tenant="default", node_slots=8)
+    """A server with nsjail workers and keyless loopback access, as `make run` has it (the
+    node's slots sized by its memory, the default quotas)."""
+    return live_server(runtimes=["nsjail"], default_tenant="default", node_slots=0)

@@ -119,9 +119,10 @@ class PrivatePostgres:
         subprocess.run(argv, check=True, capture_output=True, timeout=120)
 
     def start(self) -> None:
+        # Durable commits (fsync, synchronous_commit): the test restarts this server with
+        # an immediate (crash) shutdown, and an acknowledged commit must survive it.
         options = (
-            f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
-            "-c synchronous_commit=off -c max_connections=200"
+            f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c max_connections=200"
         )
         self._as_pg(
             f"{self._bin}/pg_ctl -D {self.dir}/data -l {self.dir}/log -w -o '{options}' start"

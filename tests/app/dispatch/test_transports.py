@@ -147,7 +147,7 @@ async def test_dispatch_claim_report_settle(pair: Pair) -> None:
     if pair.kind == "redis":
         redis: Any = gw._redis  # type: ignore[attr-defined]
         assert await redis.xlen(keys.results(gw.gateway_id)) == 0  # read and trimmed
-        assert await redis.xlen(keys.jobs("fake")) == 0
+        assert await redis.xlen(keys.jobs("fake", "ten_1")) == 0
 
 
 async def test_a_token_is_claimed_once_and_only_while_current(pair: Pair) -> None:

@@ -17,6 +17,7 @@ from app.dispatch.transport import Entry
 from runtimes.fake import FakeRuntime
 from runtimes.node.agent import NodeAgent
 from runtimes.node.http import serving
+from runtimes.node.memory import MemoryGuard, available_mb
 from runtimes.node.settings import NodeSettings
 from runtimes.node.transport import Delivery
 from runtimes.pools.accounting import IdleCapacity
@@ -166,3 +167,33 @@ async def test_its_own_healthz_and_metrics(agent: NodeAgent, transport: FlakyTra
         transport.ready_answer = False  # Redis is down: not ready, but alive
         assert (await http.get(f"http://{address}/readyz")).status_code == 503
         assert (await http.get(f"http://{address}/healthz")).status_code == 200
+
+
+async def test_no_new_work_while_the_host_is_short_of_memory(tmp_path: Path) -> None:
+    """The memory guard, not the slot count, holds work back: a Job waits in its queue
+    while available memory is under the reserve, and runs once memory comes back."""
+    available = [100]
+    transport = FlakyTransport(failures=0)
+    guard = MemoryGuard(reserve_mb=500, read=lambda: available[0])
+    node = NodeAgent(settings(tmp_path), transport, {"fake": IdleFake()}, memory=guard)
+    await node.start()
+    try:
+        await transport.dispatch(job(6), node_id="node-t", hold_s=60, queue_s=60)
+        await asyncio.sleep(0.3)
+        backend = node.backends["fake"]
+        assert isinstance(backend, FakeRuntime) and backend.calls == []
+        assert await transport.waiting("node-t") == 1
+        assert node.report().memory_free_mb == 0
+        available[0] = 4000
+        kinds = [type(e.event).__name__ for e in await events(transport, 2)]
+        assert kinds == ["Started", "Finished"] and backend.calls == [("t", "inv_6")]
+        assert guard.held_seconds > 0
+    finally:
+        await node.close()
+
+
+def test_available_memory_is_read_from_meminfo(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24000000 kB\nMemAvailable:   2048000 kB\n")
+    assert available_mb(meminfo) == 2000
+    assert available_mb() > 0  # this host's
