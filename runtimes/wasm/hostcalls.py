@@ -76,6 +76,8 @@ class GuestClock:
     tick_s: float = 0.01
     #: size of the guest's linear memory at its latest clock or poll call
     memory_bytes: int = 0
+    #: time spent in sleeps the guest asked for (poll_oneoff timers)
+    slept_s: float = 0.0
 
 
 _local = threading.local()
@@ -192,13 +194,16 @@ def _sleep_until(wake: float, clock: GuestClock | None) -> None:
     if clock is None:
         time.sleep(min(max(0.0, wake - now), MAX_UNBOUND_SLEEP_S))
         return
-    delay = min(wake, clock.deadline) - now
-    if delay > 0 and clock.cancel.wait(delay):
-        return
-    if wake <= clock.deadline:
-        return
-    while clock.epoch() < clock.deadline_epoch and not clock.cancel.wait(clock.tick_s):
-        pass
+    try:
+        delay = min(wake, clock.deadline) - now
+        if delay > 0 and clock.cancel.wait(delay):
+            return
+        if wake <= clock.deadline:
+            return
+        while clock.epoch() < clock.deadline_epoch and not clock.cancel.wait(clock.tick_s):
+            pass
+    finally:
+        clock.slept_s += time.monotonic() - now
 
 
 def install(linker: Linker) -> None:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from wasmtime import ExitTrap, Func, Memory, Store, Trap, TrapCode, WasiConfig, WasmtimeError
 
-from runtimes.wasm import hostcalls
+from runtimes.wasm import epoch, hostcalls
 from runtimes.wasm.engine import WasmEngine
 from runtimes.wasm.modules import LoadedModule
 from runtimes.wasm.output import OutputCapture
@@ -59,10 +59,19 @@ class StoreCaps:
 
 @dataclass(frozen=True)
 class CallLimits:
+    """``timeout_s`` limits wall time, or with ``cpu_basis`` the guest thread's CPU time,
+    and then ``wall_s`` (``RunLimits.wall_limit``) is the wall-clock backstop."""
+
     memory_bytes: int
     timeout_s: float
     max_output: int
     fuel: int | None = None
+    cpu_basis: bool = False
+    wall_s: float | None = None
+
+    @property
+    def wall_limit_s(self) -> float:
+        return self.wall_s if self.wall_s is not None else self.timeout_s
 
 
 @dataclass
@@ -76,6 +85,8 @@ class Outcome:
     memory_bytes: int | None = None  #: final (= peak) size of the exported memory
     cpu_ms: float | None = None
     cancelled: bool = False  #: aborted by the host (close)
+    limit_hit: str | None = None  #: "cpu" or "wall": the epoch callback stopped it
+    slept_ms: float = 0.0  #: time the guest spent in sleeps it asked for
 
 
 def trap_summary(exc: BaseException) -> str:
@@ -118,6 +129,9 @@ class Instance:
         self._cb_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._cpu_base: float | None = None
+        self._start_cpu = 0.0
+        self._epoch_callback: object | None = None  #: keeps the ctypes callback alive
+        self._limit_hit: str | None = None
         self._disposed = False
         self._released = threading.Event()
         self._on_dispose = on_dispose
@@ -201,10 +215,29 @@ class Instance:
         )
         if fuel is not None:
             self.store.set_fuel(fuel)
-        ticks = self.engine.ticks_for(limits.timeout_s)
-        self.clock.deadline = time.monotonic() + limits.timeout_s
+        wall_s = limits.wall_limit_s
+        ticks = self.engine.ticks_for(wall_s)
+        self.clock.deadline = time.monotonic() + wall_s
         self.clock.deadline_epoch = self.engine.epoch + ticks
-        self.store.set_epoch_deadline(ticks)
+        if limits.cpu_basis:
+            # the callback runs on the guest's thread at each tick it spends running wasm
+            self._epoch_callback = epoch.install(self.store, self._check_time)
+            self.store.set_epoch_deadline(1)
+        else:
+            self.store.set_epoch_deadline(ticks)
+
+    def _check_time(self) -> str | None:
+        """On the guest thread, once per epoch tick while it runs wasm (CPU basis): which
+        limit it has reached, if any."""
+        limits = self.armed_limits
+        if limits is None:
+            return None
+        base = self._cpu_base if self._cpu_base is not None else self._start_cpu
+        if time.thread_time() - base >= limits.timeout_s:
+            self._limit_hit = "cpu"
+        elif time.monotonic() >= self.clock.deadline:
+            self._limit_hit = "wall"
+        return self._limit_hit
 
     def arm(self, limits: CallLimits) -> None:
         """Give the instance its call's limits and start keeping its output."""
@@ -217,6 +250,7 @@ class Instance:
                 self._cpu_base = None
         self.stdout.arm(limits.max_output)
         self.stderr.arm(limits.max_output)
+        self.clock.slept_s = 0.0
         self._apply(limits, fuel=limits.fuel)
 
     def feed(self, payload: bytes, loop: asyncio.AbstractEventLoop) -> None:
@@ -241,7 +275,7 @@ class Instance:
 
     def _run_guest(self) -> None:
         hostcalls.bind(self.clock)
-        start_cpu = time.thread_time()
+        start_cpu = self._start_cpu = time.thread_time()
         outcome = Outcome()
         instance = None
         try:
@@ -269,6 +303,8 @@ class Instance:
             base = self._cpu_base if self._cpu_base is not None else start_cpu
             outcome.cpu_ms = max(0.0, (time.thread_time() - base) * 1000)
             outcome.cancelled = self.clock.cancel.is_set()
+            outcome.limit_hit = self._limit_hit
+            outcome.slept_ms = self.clock.slept_s * 1000
             if instance is not None:
                 try:
                     memory = instance.exports(self.store).get("memory")

@@ -5,7 +5,8 @@ Rules, first match wins:
 * the host gave up waiting (backstop past the deadline) -> TIME_LIMIT
 * the instance could not be created: over the memory limit -> MEMORY_LIMIT, else ERROR
 * aborted by the host while closing -> KILLED
-* epoch deadline (``interrupt``) -> TIME_LIMIT; fuel exhausted -> TIME_LIMIT
+* epoch deadline (``interrupt``), the CPU-time limit or wall backstop of a CPU-basis
+  call, fuel exhausted -> TIME_LIMIT
 * a failed run (trap or non-zero exit) whose stderr has the language's out-of-memory text
   (``MemoryError``, QuickJS ``out of memory``), or whose memory ended within a few pages of
   the limit (``memory.grow`` refused, then the program gave up) -> MEMORY_LIMIT
@@ -21,7 +22,7 @@ from wasmtime import TrapCode
 
 from runtimes.wasm.instance import CallLimits, Outcome
 from runtimes.wasm.output import OutputCapture
-from wire.execution import StageResult, StageStatus
+from wire.execution import CONTENDED_BELOW_CORES, StageResult, StageStatus
 
 MIB = 1024 * 1024
 #: Memory this close to the cap counts as exhausted for a failed run.
@@ -42,7 +43,7 @@ def classify(
         return (
             StageStatus.TIME_LIMIT,
             None,
-            f"time limit of {limits.timeout_s:g}s exceeded; the guest did not stop and was "
+            f"time limit of {limits.wall_limit_s:g}s exceeded; the guest did not stop and was "
             "abandoned",
         )
     if outcome.error is not None:
@@ -51,10 +52,19 @@ def classify(
         return StageStatus.ERROR, None, f"could not start the module: {outcome.error}"
     if outcome.cancelled:
         return StageStatus.KILLED, None, "stopped because the wasm runtime is shutting down"
+    if outcome.limit_hit == "cpu":
+        return StageStatus.TIME_LIMIT, None, f"CPU time limit of {limits.timeout_s:g}s exceeded"
+    if outcome.limit_hit == "wall":
+        return (
+            StageStatus.TIME_LIMIT,
+            None,
+            f"wall-clock limit of {limits.wall_limit_s:g}s exceeded "
+            f"(CPU time limit {limits.timeout_s:g}s)",
+        )
     if outcome.trap_code in _TIME_TRAPS:
         if outcome.trap_code is TrapCode.OUT_OF_FUEL:
             return StageStatus.TIME_LIMIT, None, f"fuel budget of {limits.fuel} exhausted"
-        return StageStatus.TIME_LIMIT, None, f"time limit of {limits.timeout_s:g}s exceeded"
+        return StageStatus.TIME_LIMIT, None, f"time limit of {limits.wall_limit_s:g}s exceeded"
     if outcome.trap is not None and "invalid exit status" in outcome.trap:
         return StageStatus.FINISHED, None, "exited with a status WASI cannot carry (>= 126)"
     trapped = outcome.trap is not None
@@ -87,7 +97,7 @@ def stage_result(
     if message is None and (stdout.truncated or stderr.truncated):
         message = f"output truncated to {limits.max_output} bytes per stream"
     peak = outcome.memory_bytes if outcome is not None else None
-    return StageResult(
+    stage = StageResult(
         status=status,
         exit_code=exit_code,
         stdout=stdout.text(),
@@ -99,3 +109,22 @@ def stage_result(
         peak_memory_kb=peak // 1024 if peak is not None else None,
         message=message,
     )
+    judge(stage, outcome)
+    return stage
+
+
+def judge(stage: StageResult, outcome: Outcome | None) -> None:
+    """Set ``contended`` when the stage hit its wall-clock limit with little CPU
+    (``StageResult.judge_contention``). Not for a CPU-time limit or fuel (exact verdicts),
+    and not when the guest spent that time in sleeps it asked for."""
+    if outcome is not None and (
+        outcome.limit_hit == "cpu" or outcome.trap_code is TrapCode.OUT_OF_FUEL
+    ):
+        return
+    stage.judge_contention()
+    slept = outcome.slept_ms if outcome is not None else 0.0
+    waited = (
+        stage.cpu_ms is not None and stage.cpu_ms + slept >= CONTENDED_BELOW_CORES * stage.wall_ms
+    )
+    if stage.contended and slept and waited:
+        stage.contended = False

@@ -1,47 +1,63 @@
-"""``WasmRuntime``: the WebAssembly FnCall backend (``Runtime`` implementation).
+"""``WasmRuntime``: the WebAssembly FnCall backend (``Runtime``) as the node sees it.
 
-Interpreter languages run on a warm instance from the shared warm-pool framework
-(``runtimes.pools.Pool`` with ``WasmWorkers``, one key per interpreter; one call each,
-then discarded); raw modules get a fresh instance from their cached ``InstancePre``. Both
-report through the same path: arm the limits, let the guest run, wait for its outcome
-(with a host backstop past the epoch deadline), map it to a ``StageResult``.
+No guest runs in the node process, and the node never compiles or even parses
+WebAssembly. The runtime
+
+* checks each interpreter file against its pinned SHA-256, finds its ``.cwasm`` in the
+  checked cache (``cache``) or has a compile jail build it (``compiler``);
+* runs a worker process in its own jail (``worker``, ``worker_main``) that holds the
+  engine, the warm pools and every instance, hands it each call and returns its
+  ``RunResult``; a worker that dies fails its running calls with ``RunResult.error`` and
+  is replaced;
+* compiles a raw module it has not seen in a compile jail under the call's
+  ``compile_timeout_s`` (CPU, and the wall backstop) and ``compile_memory_mb``, reported as
+  the ``compile`` stage and charged in ``cpu_ms`` and ``setup_ms``; a module compiled by
+  several calls at once is compiled once.
+
+``stats()``, ``inventory()`` and ``idle_capacity()`` come from the worker's status frames.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import hashlib
-import itertools
 import logging
-import os
-import secrets
-import shutil
-import threading
 import time
-from collections.abc import Callable, Sequence
-
-from wasmtime import _wasi as wasmtime_wasi
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from runtimes.base import Runtime
-from runtimes.pools import IdleCapacity, Pool, PoolClosed, PoolError
-from runtimes.wasm import languages, results
-from runtimes.wasm.bootstrap import READY_MARKER
+from runtimes.nsjail.cgroups import CgroupMode, CgroupSetup, detect
+from runtimes.nsjail.config import NsjailConfig
+from runtimes.pools import IdleCapacity
+from runtimes.wasm import languages
 from runtimes.wasm.cache import ModuleCache
-from runtimes.wasm.config import MIB, WasmConfig
-from runtimes.wasm.engine import WasmEngine
-from runtimes.wasm.instance import CallLimits, Instance, Outcome, StoreCaps
-from runtimes.wasm.languages import INTERPRETERS, Interpreter
-from runtimes.wasm.modules import InterpreterError, LoadedModule, ModuleLoader, ModuleLoadError
-from runtimes.wasm.output import OutputCapture
-from runtimes.wasm.workdir import HostDir, decode_files
-from runtimes.wasm.workers import WarmupError, WasmWorkers
-from runtimes.workfiles import InvalidSpec
+from runtimes.wasm.compiler import Compiled, Compiler
+from runtimes.wasm.config import WasmConfig
+from runtimes.wasm.engine import fingerprint
+from runtimes.wasm.languages import INTERPRETERS
+from runtimes.wasm.modules import InterpreterError
+from runtimes.wasm.worker import WorkerDied, WorkerProcess
 from wire.execution import LanguageInfo, RunResult, RunSpec, StageResult, StageStatus
-from wire.messages import pool_key
 
 log = logging.getLogger(__name__)
 
-OUTPUT_RELEASE_TIMEOUT_S = 2.0
+WASM_MAGIC = b"\0asm"
+#: slack on top of a call's own limits before the node stops waiting for the worker
+IPC_GRACE_S = 5.0
+#: pause between two failed worker starts, doubling up to the max
+RESTART_BACKOFF_S, MAX_RESTART_BACKOFF_S = 0.5, 10.0
+
+
+@dataclass(frozen=True)
+class InterpreterInfo:
+    name: str
+    sha256: str
+    cached: bool  #: came from the disk cache, not compiled
+    load_ms: float
 
 
 class WasmRuntime(Runtime):
@@ -49,36 +65,38 @@ class WasmRuntime(Runtime):
 
     def __init__(self, config: WasmConfig | None = None) -> None:
         self.config = config or WasmConfig()
-        cfg = self.config
-        self._paths = languages.available(cfg)
-        self._raw = languages.raw_wanted(cfg)
-        self._caps = StoreCaps(
-            table_elements=cfg.max_table_elements,
-            instances=cfg.max_instances,
-            tables=cfg.max_tables,
-            memories=cfg.max_memories,
-        )
-        self._run_dir = cfg.resolved_run_dir / f"{os.getpid()}-{secrets.token_hex(4)}"
-        self._names = itertools.count(1)
-        self._engine: WasmEngine | None = None
-        self._loader: ModuleLoader | None = None
-        self._pool: Pool[Instance] | None = None
-        self._interpreters: dict[str, LoadedModule] = {}
-        self._live: set[Instance] = set()
-        self._busy: set[Instance] = set()
-        self._lock = threading.Lock()
+        self._paths = languages.available(self.config)
+        self._raw = languages.raw_wanted(self.config)
+        self._fingerprint = fingerprint(self.config)
+        self._cgroups: CgroupSetup | None = None
+        self._cache: ModuleCache | None = None
+        self._compiler: Compiler | None = None
+        self._compiled: dict[str, tuple[str, bytes]] = {}  #: language -> (sha, .cwasm)
+        self._interpreters: dict[str, InterpreterInfo] = {}
+        self._compiling: dict[str, asyncio.Future[Compiled]] = {}
+        self._worker: WorkerProcess | None = None
+        self._ready: asyncio.Future[WorkerProcess] | None = None
+        self._replacing: asyncio.Task[None] | None = None
+        self._busy = 0
+        self._status: dict[str, Any] = {}
+        self._idle: dict[str, IdleCapacity] = {}
         self._started = False
         self._closed = False
 
     @property
-    def interpreters(self) -> dict[str, LoadedModule]:
-        """The interpreter modules loaded by ``start()``, by language."""
+    def interpreters(self) -> dict[str, InterpreterInfo]:
+        """The interpreters ``start()`` loaded, by language."""
         return dict(self._interpreters)
 
     @property
     def engine_fingerprint(self) -> str | None:
         """Names the engine configuration (and so the cache directory); None before start."""
-        return self._engine.fingerprint if self._engine is not None else None
+        return self._fingerprint if self._started else None
+
+    @property
+    def worker(self) -> WorkerProcess | None:
+        """The current worker process (for diagnostics and tests)."""
+        return self._worker
 
     # --- Runtime protocol ---------------------------------------------------------------
     def languages(self) -> Sequence[LanguageInfo]:
@@ -98,355 +116,329 @@ class WasmRuntime(Runtime):
         if self._started or self._closed:
             return
         cfg = self.config
-        self._clean_stale_run_dirs()
-        self._engine = engine = WasmEngine(cfg)
-        engine.start()
-        cache = ModuleCache(
-            cfg.resolved_cache_dir, engine.fingerprint, max_bytes=cfg.cache_max_bytes
+        self._cgroups = cgroups = detect(
+            NsjailConfig(cgroups=cfg.cgroups, cgroup_parent=cfg.cgroup_parent)
         )
-        self._loader = ModuleLoader(
-            engine,
-            cache,
-            memory_slots=cfg.module_memory_slots,
-            max_module_bytes=cfg.max_module_bytes,
+        if cgroups.mode is CgroupMode.OFF and cfg.require_cgroups:
+            raise RuntimeError("wasm: no cgroup hierarchy can limit the worker")
+        cgroups.ensure_parents()
+        self._cache = ModuleCache(
+            cfg.resolved_cache_dir, self._fingerprint, max_bytes=cfg.cache_max_bytes
         )
+        await asyncio.to_thread(self._cache.open)
+        self._compiler = Compiler(cfg, cgroups)
         for name, path in list(self._paths.items()):
-            interp = INTERPRETERS[name]
             try:
-                loaded = await asyncio.to_thread(
-                    self._loader.load_file, name, path, sha256=interp.sha256
-                )
+                await self._load_interpreter(name, path)
             except InterpreterError:
                 if cfg.strict_interpreters:
                     raise
                 log.warning("wasm: dropping %s", name, exc_info=True)
                 del self._paths[name]
-                continue
-            self._interpreters[name] = loaded
-        if self._closed:  # close() ran while the interpreters loaded
+        if self._closed:
             return
-        self._pool = pool = self._make_pool()
         self._started = True
-        try:
-            await pool.start()
-        except PoolClosed:
-            return
-        except Exception as exc:  # the refill goes on trying, backing off
-            log.warning("wasm: warming the pools failed: %s", exc)
+        self._ready = asyncio.get_running_loop().create_future()
+        await self._replace_worker()
         log.info("wasm: started with %s", [lang.name for lang in self.languages()])
 
     async def run(self, spec: RunSpec, *, tenant_id: str, invocation_id: str) -> RunResult:
         if not self._started or self._closed:
             return RunResult(error="the wasm runtime is not running")
+        raw = spec.language == languages.RAW_LANGUAGE and self._raw
+        if spec.language not in self._interpreters and not raw:
+            return RunResult(error=f"the wasm runtime does not offer language {spec.language!r}")
+        started = time.perf_counter()
+        self._busy += 1
         try:
-            if spec.language in self._interpreters:
-                return await self._run_interpreter(spec, invocation_id)
-            if spec.language == languages.RAW_LANGUAGE and self._raw:
-                return await self._run_module(spec, invocation_id)
-        except InvalidSpec as exc:
-            log.info("invocation %s: rejected: %s", invocation_id, exc)
-            return RunResult(run=StageResult(status=StageStatus.ERROR, message=str(exc)))
-        return RunResult(error=f"the wasm runtime does not offer language {spec.language!r}")
+            if raw:
+                result = await self._run_module(spec, invocation_id)
+            else:
+                result = await self._call(spec, invocation_id, None) or RunResult(
+                    error="the wasm worker asked for a module it was not given"
+                )
+        finally:
+            self._busy -= 1
+        elapsed = (time.perf_counter() - started) * 1000
+        # the pipe and the compile are the setup of the call as the node sees it
+        result.setup_ms += max(0.0, elapsed - result.setup_ms - result.exec_ms - result.teardown_ms)
+        return result
 
     def stats(self) -> dict[str, int]:
-        """Warm and starting instances of the pools; busy: every instance running a call
-        (raw modules included)."""
-        gauges = self._pool.stats() if self._pool is not None else {}
-        with self._lock:
-            busy = len(self._busy)
-        return {"warm": gauges.get("warm", 0), "busy": busy, "starting": gauges.get("starting", 0)}
+        """Warm and starting instances of the worker's pools; busy: calls in flight."""
+        return {
+            "warm": int(self._status.get("warm", 0)),
+            "busy": self._busy,
+            "starting": int(self._status.get("starting", 0)),
+        }
 
     def inventory(self) -> dict[str, int]:
-        return self._pool.inventory() if self._pool is not None else {}
+        inventory = self._status.get("inventory") or {}
+        return {str(k): int(v) for k, v in inventory.items()}
 
     def idle_capacity(self) -> dict[str, IdleCapacity]:
-        return self._pool.idle_capacity() if self._pool is not None else {}
+        taken, self._idle = self._idle, {}
+        return taken
 
     async def close(self) -> None:
-        """Abort every instance, join every thread, then stop the ticker. Idempotent."""
+        """Close the worker (its running calls end KILLED). Idempotent."""
         if self._closed:
             return
         self._closed = True
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            await pool.close()
-        with self._lock:
-            live = list(self._live)
-        for inst in live:
-            inst.abort()
-        engine = self._engine
-        if engine is not None:
-            engine.interrupt_all()
-        for inst in live:
-            inst.dispose()
-        stuck = await asyncio.to_thread(self._join, live, self.config.close_timeout_s)
-        if stuck:
-            log.error("wasm: %d instance threads did not stop: %s", len(stuck), stuck)
-        await _outputs_released(OUTPUT_RELEASE_TIMEOUT_S)
-        if engine is not None:
-            engine.close()
-        self._interpreters.clear()
-        self._loader = None
-        shutil.rmtree(self._run_dir, ignore_errors=True)
+        if self._replacing is not None:
+            self._replacing.cancel()
+            await asyncio.gather(self._replacing, return_exceptions=True)
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            await worker.close(self.config.close_timeout_s + IPC_GRACE_S)
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_exception(WorkerDied("the wasm runtime is closed"))
+            self._ready.exception()  # retrieved: nobody may be waiting
+        self._status, self._idle = {}, {}
         log.info("wasm: closed")
 
     # --- interpreters -------------------------------------------------------------------
-    def _make_pool(self) -> Pool[Instance]:
-        """One pool for every interpreter loaded, a key per interpreter."""
-        makers = {
-            pool_key(self.name, name): (name, self._warm_maker(INTERPRETERS[name], loaded))
-            for name, loaded in self._interpreters.items()
-        }
-        pool = Pool(WasmWorkers(makers), self.config.pool_config(), name=self.name)
-        for key in makers:
-            pool.declare(key, self.config.interpreter_bounds())
-        return pool
-
-    def _warm_maker(self, interp: Interpreter, loaded: LoadedModule) -> Callable[[], Instance]:
+    async def _load_interpreter(self, name: str, path: Any) -> None:
+        assert self._cache is not None and self._compiler is not None
+        started = time.perf_counter()
+        interp = INTERPRETERS[name]
+        try:
+            data = await asyncio.to_thread(path.read_bytes)
+        except OSError as exc:
+            raise InterpreterError(f"{name}: cannot read {path}: {exc}") from exc
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != interp.sha256:
+            raise InterpreterError(
+                f"{name}: {path} has SHA-256 {digest}, expected the pinned {interp.sha256}"
+            )
         cfg = self.config
-        argv = interp.argv(cfg)
-        warmup = CallLimits(
-            memory_bytes=cfg.warmup_memory_mb * MIB,
-            timeout_s=cfg.warmup_timeout_s,
-            max_output=0,
+        cwasm = await asyncio.to_thread(
+            self._cache.load, "interpreters", digest, max_bytes=cfg.max_compiled_bytes
+        )
+        cached = cwasm is not None
+        if cwasm is None:
+            compiled = await self._compiler.compile(
+                data,
+                cpu_s=cfg.interpreter_compile_timeout_s,
+                wall_s=cfg.interpreter_compile_timeout_s,
+                memory_mb=cfg.interpreter_compile_memory_mb,
+                parallel=cfg.parallel_compilation,
+            )
+            if compiled.cwasm is None:
+                raise InterpreterError(f"{name}: cannot compile {path}: {compiled.stage.message}")
+            cwasm = compiled.cwasm
+            await asyncio.to_thread(self._cache.store, "interpreters", digest, cwasm)
+        self._compiled[name] = (digest, cwasm)
+        info = InterpreterInfo(name, digest, cached, (time.perf_counter() - started) * 1000)
+        self._interpreters[name] = info
+        log.info(
+            "wasm: %s ready in %.0f ms (%s)",
+            name,
+            info.load_ms,
+            "from the .cwasm cache" if cached else "compiled in a compile jail",
         )
 
-        def make() -> Instance:
-            return self._new_instance(loaded, argv=argv, limits=warmup, warm=True)
-
-        return make
-
-    async def _run_interpreter(self, spec: RunSpec, invocation_id: str) -> RunResult:
-        started = time.perf_counter()
-        interp = INTERPRETERS[spec.language]
-        files = decode_files(spec, max_bytes=self.config.max_input_bytes)
-        if interp.source_file is not None:
-            if interp.source_file in files:
-                raise InvalidSpec(
-                    f"file {interp.source_file!r} would overwrite the program's source file"
+    # --- the worker ---------------------------------------------------------------------
+    async def _replace_worker(self) -> None:
+        """Start a worker (until one starts, backing off) and make it the current one."""
+        assert self._cgroups is not None
+        delay = RESTART_BACKOFF_S
+        while not self._closed:
+            worker = WorkerProcess(self.config, self._cgroups, on_status=self._on_status)
+            try:
+                status = await asyncio.wait_for(
+                    worker.start(self._compiled), self.config.worker_start_timeout_s
                 )
-            files[interp.source_file] = spec.code.encode("utf-8", "replace")
-        pool = self._pool
-        if pool is None:
-            return RunResult(error="the wasm runtime is not running")
-        context = f"inv={invocation_id}"
-        try:
-            inst = await pool.acquire(pool_key(self.name, spec.language), context=context)
-        except (PoolError, WarmupError) as exc:
-            log.error("invocation %s: %s", invocation_id, exc)
-            return RunResult(error=str(exc), setup_ms=_ms(started))
-        try:
-            return await self._call(
-                inst,
-                spec,
-                files,
-                invocation_id,
-                started=started,
-                payload=interp.payload(spec.code, spec.stdin),
-                oom_markers=interp.oom_markers,
-            )
-        finally:
-            pool.release(inst, context=context)
+            except (WorkerDied, TimeoutError, OSError) as exc:
+                log.error("wasm: a worker failed to start: %s", exc)
+                worker.kill()
+                await worker.close(1.0)
+                await asyncio.sleep(delay)
+                delay = min(MAX_RESTART_BACKOFF_S, delay * 2)
+                continue
+            self._on_status(status)
+            self._worker = worker
+            assert worker.died is not None
+            worker.died.add_done_callback(self._on_worker_died)
+            if self._ready is not None and not self._ready.done():
+                self._ready.set_result(worker)
+            log.info("wasm: worker %s ready", worker.guest_host_pid())
+            return
 
-    # --- raw modules --------------------------------------------------------------------
+    def _on_worker_died(self, died: asyncio.Future[str]) -> None:
+        if self._closed:
+            return
+        log.error("wasm: %s; starting another", died.result())
+        self._ready = asyncio.get_running_loop().create_future()
+        self._status = {}
+        self._replacing = asyncio.create_task(self._replace_worker(), name="wasm-worker-restart")
+
+    async def _current_worker(self) -> WorkerProcess:
+        ready = self._ready
+        if ready is None:
+            raise WorkerDied("the wasm runtime is not running")
+        return await asyncio.wait_for(asyncio.shield(ready), self.config.worker_start_timeout_s)
+
+    def _on_status(self, msg: dict[str, Any]) -> None:
+        self._status = {k: msg.get(k) for k in ("warm", "starting", "inventory")}
+        for key, values in (msg.get("idle") or {}).items():
+            seconds, mb_seconds, starts, cold = values
+            cap = self._idle.setdefault(str(key), IdleCapacity())
+            cap += IdleCapacity(float(seconds), float(mb_seconds), int(starts), int(cold))
+
+    # --- calls --------------------------------------------------------------------------
+    async def _call(
+        self, spec: RunSpec, invocation_id: str, module: str | None
+    ) -> RunResult | None:
+        """Hand one call to the worker; None when it needs the raw module ``module``."""
+        try:
+            worker = await self._current_worker()
+            limits = spec.limits
+            timeout = limits.wall_limit(limits.run_timeout_s) + self.config.host_grace_s
+            reply = await worker.request(
+                {
+                    "op": "run",
+                    "spec": spec.model_dump(mode="json"),
+                    "inv": invocation_id,
+                    "module": module,
+                },
+                timeout=timeout + self.config.warmup_timeout_s + IPC_GRACE_S,
+            )
+        except WorkerDied as exc:
+            log.error("inv=%s wasm worker lost: %s", invocation_id, exc)
+            return RunResult(error=f"the wasm worker failed: {exc}")
+        except TimeoutError:
+            log.error("inv=%s the wasm worker did not answer; replacing it", invocation_id)
+            if self._worker is not None:
+                self._worker.kill()
+            return RunResult(error="the wasm worker did not answer in time; it was replaced")
+        if "need" in reply:
+            return None
+        if "failure" in reply:
+            log.error("inv=%s wasm worker failure: %s", invocation_id, reply["failure"])
+            return RunResult(error=f"the wasm worker failed: {reply['failure']}")
+        if isinstance(reply.get("status"), dict):
+            self._on_status(reply["status"])
+        return RunResult.model_validate(reply["result"])
+
     async def _run_module(self, spec: RunSpec, invocation_id: str) -> RunResult:
         started = time.perf_counter()
-        files = decode_files(spec, max_bytes=self.config.max_input_bytes)
-        data = files.pop(languages.RAW_MODULE_FILE, None)
-        if data is None:
-            raise InvalidSpec(
+        encoded = spec.files.get(languages.RAW_MODULE_FILE)
+        if encoded is None:
+            return _error_stage(
                 f"language {languages.RAW_LANGUAGE!r} needs the module as base64 in "
                 f"files[{languages.RAW_MODULE_FILE!r}]"
             )
-        assert self._loader is not None
         try:
-            loaded = self._loader.cached(hashlib.sha256(data).hexdigest())
-            if loaded is None:  # compiling or reading the disk cache: off the event loop
-                loaded = await asyncio.to_thread(self._loader.load_bytes, data)
-        except ModuleLoadError as exc:
-            log.info("invocation %s: module refused: %s", invocation_id, exc)
-            return RunResult(
-                run=StageResult(status=StageStatus.ERROR, message=str(exc)),
-                setup_ms=_ms(started),
-            )
-        inst = self._new_instance(
-            loaded,
-            argv=[languages.RAW_MODULE_FILE],
-            limits=self._limits(spec),
-            warm=False,
-            stdin_data=spec.stdin.encode("utf-8", "replace"),
+            data = base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            return _error_stage(f"file {languages.RAW_MODULE_FILE!r} is not valid base64: {exc}")
+        limit = self.config.max_module_bytes
+        if len(data) > limit:
+            return _error_stage(f"module.wasm is {len(data)} bytes; the limit is {limit}")
+        if not data.startswith(WASM_MAGIC):
+            return _error_stage("module.wasm is not a WebAssembly binary (no \\0asm header)")
+        digest = hashlib.sha256(data).hexdigest()
+        files = {k: v for k, v in spec.files.items() if k != languages.RAW_MODULE_FILE}
+        slim = spec.model_copy(update={"files": files})
+        first = await self._call(slim, invocation_id, digest)
+        if first is not None:
+            return first
+        compile_stage, error = await self._send_module(data, digest, spec, invocation_id)
+        if error is not None:
+            error.compile = compile_stage
+            _charge(error, compile_stage)
+            return error
+        result = await self._call(slim, invocation_id, digest) or RunResult(
+            error="the wasm worker dropped the module before running it"
         )
-        return await self._call(inst, spec, files, invocation_id, started=started)
+        result.compile = compile_stage
+        _charge(result, compile_stage)
+        log.debug("inv=%s module %s in %.1f ms", invocation_id, digest[:12], _ms(started))
+        return result
 
-    # --- one call -----------------------------------------------------------------------
-    def _limits(self, spec: RunSpec) -> CallLimits:
-        return CallLimits(
-            memory_bytes=spec.limits.memory_mb * MIB,
-            timeout_s=spec.limits.run_timeout_s,
-            max_output=spec.limits.max_output_bytes,
-            fuel=self.config.fuel_per_call,
+    async def _send_module(
+        self, data: bytes, digest: str, spec: RunSpec, invocation_id: str
+    ) -> tuple[StageResult | None, RunResult | None]:
+        """Get the module's ``.cwasm`` (cache or compile jail) into the worker: the compile
+        stage (None if nothing was compiled for this call) and, on failure, the result."""
+        assert self._cache is not None
+        cfg = self.config
+        cwasm = await asyncio.to_thread(
+            self._cache.load, "modules", digest, max_bytes=cfg.max_compiled_bytes
         )
-
-    async def _call(
-        self,
-        inst: Instance,
-        spec: RunSpec,
-        files: dict[str, bytes],
-        invocation_id: str,
-        *,
-        started: float,
-        payload: bytes | None = None,
-        oom_markers: tuple[str, ...] = (),
-    ) -> RunResult:
-        """Run ``inst`` for ``spec``: a warm instance gets ``payload``, a fresh one starts."""
-        limits = self._limits(spec)
-        outcome: Outcome | None = None
-        fetched: dict[str, str] = {}
-        notes: list[str] = []
-        with self._lock:
-            self._busy.add(inst)
+        stage: StageResult | None = None
+        if cwasm is None:
+            compiled = await self._compile(data, digest, spec)
+            stage = compiled.stage
+            if compiled.cwasm is None:
+                log.info("inv=%s module %s: %s", invocation_id, digest[:12], stage.message)
+                if compiled.invalid is not None:
+                    return stage, _error_stage(compiled.invalid)
+                return stage, RunResult()
+            cwasm = compiled.cwasm
         try:
-            inst.host_dir.write_files(files)
-            exec_started = time.perf_counter()
-            if payload is not None:
-                inst.arm(limits)
-                exec_started = time.perf_counter()
-                inst.feed(payload, asyncio.get_running_loop())
-            else:
-                inst.start()
-            waiting = asyncio.wrap_future(inst.outcome)
-            try:
-                outcome = await asyncio.wait_for(
-                    asyncio.shield(waiting), limits.timeout_s + self.config.host_grace_s
-                )
-            except TimeoutError:
-                log.error(
-                    "invocation %s: instance %s ignored its deadline; abandoned",
-                    invocation_id,
-                    inst.id,
-                )
-            exec_done = time.perf_counter()
-            stage = results.stage_result(
-                outcome,
-                limits,
-                stdout=inst.stdout,
-                stderr=inst.stderr,
-                oom_markers=oom_markers,
-                wall_ms=(exec_done - exec_started) * 1000,
+            worker = await self._current_worker()
+            reply = await worker.request(
+                {"op": "load", "sha256": digest, "name": languages.RAW_MODULE_FILE},
+                cwasm,
+                timeout=cfg.warmup_timeout_s + IPC_GRACE_S,
             )
-            if spec.fetch_files and outcome is not None:
-                fetched, notes = inst.host_dir.read_files(
-                    spec.fetch_files, max_bytes=self.config.max_fetch_bytes
-                )
-                if notes:
-                    text = "; ".join(notes)
-                    stage.message = f"{stage.message}; {text}" if stage.message else text
-        finally:
-            with self._lock:
-                self._busy.discard(inst)
-            if not inst.done.is_set():
-                inst.abort()
-            inst.dispose()
-        finished = time.perf_counter()
-        log.info(
-            "invocation %s: %s %s (exit %s) in %.1f ms on %s",
-            invocation_id,
-            spec.language,
-            stage.status,
-            stage.exit_code,
-            stage.wall_ms,
-            inst.id,
-        )
-        return RunResult(
-            run=stage,
-            files=fetched,
-            setup_ms=(exec_started - started) * 1000,
-            exec_ms=(exec_done - exec_started) * 1000,
-            teardown_ms=(finished - exec_done) * 1000,
-            cpu_ms=stage.cpu_ms,
-            peak_memory_kb=stage.peak_memory_kb,
-        )
+        except (WorkerDied, TimeoutError) as exc:
+            return stage, RunResult(error=f"the wasm worker failed: {exc}")
+        if reply.get("error"):
+            log.info("inv=%s module refused: %s", invocation_id, reply["error"])
+            return stage, _error_stage(str(reply["error"]))
+        if reply.get("failure"):
+            return stage, RunResult(error=f"the wasm worker failed: {reply['failure']}")
+        return stage, None
 
-    # --- instances ----------------------------------------------------------------------
-    def _new_instance(
-        self,
-        module: LoadedModule,
-        *,
-        argv: list[str],
-        limits: CallLimits,
-        warm: bool,
-        stdin_data: bytes | None = None,
-    ) -> Instance:
-        assert self._engine is not None
-        host_dir = HostDir.create(self._run_dir, f"i{next(self._names)}")
+    async def _compile(self, data: bytes, digest: str, spec: RunSpec) -> Compiled:
+        """Compile in a jail under the call's compile limits; a module already being
+        compiled is waited for (and compiled again if that compile hit its limits)."""
+        assert self._compiler is not None and self._cache is not None
+        running = self._compiling.get(digest)
+        if running is not None:
+            shared = await asyncio.shield(running)
+            if shared.cwasm is not None or shared.invalid is not None:
+                wait = StageResult(status=StageStatus.FINISHED, exit_code=0, cpu_ms=0.0)
+                return Compiled(shared.cwasm, wait, shared.invalid)
+        future: asyncio.Future[Compiled] = asyncio.get_running_loop().create_future()
+        self._compiling[digest] = future
         try:
-            inst = Instance(
-                self._engine,
-                module,
-                argv=argv,
-                host_dir=host_dir,
-                caps=self._caps,
-                limits=limits,
-                writable_workdir=self.config.writable_workdir,
-                ready_marker=READY_MARKER if warm else None,
-                stdin_data=stdin_data,
-                on_dispose=self._untrack,
+            limits = spec.limits
+            compiled = await self._compiler.compile(
+                data,
+                cpu_s=limits.compile_timeout_s,
+                wall_s=limits.wall_limit(limits.compile_timeout_s),
+                memory_mb=limits.compile_memory_mb,
+                parallel=False,
             )
-        except BaseException:
-            host_dir.remove()
+            if compiled.cwasm is not None:
+                await asyncio.to_thread(self._cache.store, "modules", digest, compiled.cwasm)
+            future.set_result(compiled)
+            return compiled
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()
             raise
-        with self._lock:
-            self._live.add(inst)
-        return inst
-
-    def _untrack(self, inst: Instance) -> None:
-        with self._lock:
-            self._live.discard(inst)
-
-    @staticmethod
-    def _join(instances: list[Instance], timeout: float) -> list[Instance]:
-        deadline = time.monotonic() + timeout
-        stuck = []
-        for inst in instances:
-            if not inst.join(max(0.0, deadline - time.monotonic())):
-                stuck.append(inst)
-        return stuck
-
-    def _clean_stale_run_dirs(self) -> None:
-        """Remove run dirs left by processes of this host that no longer exist."""
-        root = self.config.resolved_run_dir
-        if not root.is_dir():
-            return
-        for entry in root.iterdir():
-            pid_text = entry.name.split("-", 1)[0]
-            if not pid_text.isdigit() or int(pid_text) == os.getpid():
-                continue
-            try:
-                os.kill(int(pid_text), 0)
-            except ProcessLookupError:
-                shutil.rmtree(entry, ignore_errors=True)
-            except PermissionError:
-                pass
+        finally:
+            if self._compiling.get(digest) is future:
+                del self._compiling[digest]
 
 
-async def _outputs_released(timeout: float) -> None:
-    """Wait until wasmtime has dropped the stdout/stderr callbacks of closed stores.
+def _error_stage(message: str) -> RunResult:
+    """The caller's module cannot run: an ERROR run stage (not a platform error)."""
+    return RunResult(run=StageResult(status=StageStatus.ERROR, message=message))
 
-    wasmtime drops a store's output streams on its own worker threads, a little after the
-    store, and the drop calls back into Python. If the interpreter is exiting by then, that
-    thread panics ("panic in a function that cannot unwind"), so ``close()`` lets them
-    finish.
-    """
-    slab = getattr(wasmtime_wasi, "CUSTOM_OUTPUTS", None)
-    handles = getattr(slab, "handles", None)
-    if not isinstance(handles, dict):
+
+def _charge(result: RunResult, stage: StageResult | None) -> None:
+    """Count a compile's wall time in ``setup_ms`` and its CPU in ``cpu_ms``."""
+    if stage is None:
         return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not any(isinstance(v, OutputCapture) for v in list(handles.values())):
-            return
-        await asyncio.sleep(0.01)
-    log.warning("wasm: output callbacks of closed stores still alive after %ss", timeout)
+    result.setup_ms += stage.wall_ms
+    if stage.cpu_ms is not None:
+        result.cpu_ms = (result.cpu_ms or 0.0) + stage.cpu_ms
 
 
 def _ms(since: float) -> float:

@@ -1,9 +1,9 @@
 """Shared fixtures for the real-wasmtime tests (no mocks).
 
-Compiling CPython to native code takes 5-9 s, so every runtime of the session shares one
-data dir (and so one ``.cwasm`` cache) under a session temp dir: the ``compiled`` fixture
-compiles once, every runtime after it loads the cache. Each test module starts one
-``WasmRuntime`` for its tests (a module-scoped event loop).
+Compiling CPython to native code takes seconds (in a compile jail), so every runtime of
+the session shares one data dir (and so one ``.cwasm`` cache) under a session temp dir:
+the ``compiled`` fixture compiles once, every runtime after it loads the cache. Each test
+module starts one ``WasmRuntime`` for its tests (a module-scoped event loop).
 
 QuickJS comes from ``scripts/setup-wasm.sh`` and C modules need clang: tests that need
 them skip with the reason when they are missing, or fail when
@@ -27,7 +27,7 @@ import pytest_asyncio
 
 from runtimes.wasm import WasmConfig, WasmRuntime
 from runtimes.wasm.languages import QUICKJS_FILE
-from runtimes.wasm.modules import LoadedModule
+from runtimes.wasm.runtime import InterpreterInfo
 from tests.requirements import missing
 from wire.execution import RunLimits, RunResult, RunSpec
 
@@ -49,9 +49,9 @@ def wasm_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("wasm-data")
 
 
-def _make_runtime(data_dir: Path, **overrides: Any) -> WasmRuntime:
+def _make_runtime(shared_data_dir: Path, **overrides: Any) -> WasmRuntime:
     settings: dict[str, Any] = {
-        "data_dir": data_dir,
+        "data_dir": shared_data_dir,
         "interpreters_dir": interpreters_dir(),
         "warm_per_language": 2,
     }
@@ -60,11 +60,11 @@ def _make_runtime(data_dir: Path, **overrides: Any) -> WasmRuntime:
 
 
 @pytest.fixture(scope="session")
-def compiled(wasm_data_dir: Path) -> dict[str, LoadedModule]:
+def compiled(wasm_data_dir: Path) -> dict[str, InterpreterInfo]:
     """Compile the interpreters into the session's cache once (before any runtime of the
     tests starts); returns how each was loaded (``load_ms`` of the compile)."""
 
-    async def compile_all() -> dict[str, LoadedModule]:
+    async def compile_all() -> dict[str, InterpreterInfo]:
         rt = _make_runtime(wasm_data_dir, warm_per_language=0)
         try:
             await rt.start()
@@ -77,7 +77,7 @@ def compiled(wasm_data_dir: Path) -> dict[str, LoadedModule]:
 
 @pytest.fixture(scope="session")
 def new_runtime(
-    wasm_data_dir: Path, compiled: dict[str, LoadedModule]
+    wasm_data_dir: Path, compiled: dict[str, InterpreterInfo]
 ) -> Callable[..., WasmRuntime]:
     """``new_runtime(**config_overrides)``: an unstarted runtime with test defaults."""
 
