@@ -77,20 +77,18 @@ def gateway(host: str | None, port: int | None, log_level: str) -> None:
 
 
 def _serve(settings: Settings, *, with_node: bool, log_level: str) -> None:
+    """The API listener in the foreground (uvicorn; proxy headers only from
+    CORRAL_TRUSTED_PROXIES); the app's lifespan runs the keyless listener, if any."""
     import uvicorn
 
+    from app.http.listeners import api_config
     from app.main import create_app
 
     _logging(log_level)
     app = create_app(settings, with_node=with_node)
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=log_level,
-        access_log=False,
-        timeout_graceful_shutdown=15,
-    )
+    uvicorn.Server(
+        api_config(app, settings, log_level=log_level, timeout_graceful_shutdown=15)
+    ).run()
 
 
 @main.command()
@@ -127,6 +125,7 @@ def db() -> None:
 @click.option("--revision", default="head", show_default=True)
 def db_upgrade(revision: str) -> None:
     """Apply migrations up to REVISION on CORRAL_DATABASE_URL (or the embedded SQLite)."""
+    from app.db import files
     from app.db.engine import make_engine
     from app.db.migrate import upgrade
     from app.settings import DatabaseSettings
@@ -134,7 +133,7 @@ def db_upgrade(revision: str) -> None:
     settings = DatabaseSettings()
 
     async def go() -> None:
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        files.prepare(settings.data_dir, settings.resolved_database_url)
         engine = make_engine(settings.resolved_database_url)
         try:
             await upgrade(engine, revision)

@@ -6,10 +6,12 @@ never rename one) and an HTTP ``status``.
 
     CorralError                      500 internal_error
     ├── BadRequest                   400 bad_request
-    │   ├── InvalidJSON              400 invalid_json
+    │   ├── InvalidJSON              400 invalid_json        (also: lone UTF-16 surrogates)
+    │   ├── TooDeeplyNested          400 too_deeply_nested
     │   └── UnsupportedMediaType     415 unsupported_media_type
     ├── ValidationFailed             422 validation_error
     │   ├── InputValidationFailed    422 input_validation_error   (a function's input)
+    │   │   └── InputTooComplex      422 input_too_complex  (its validation's work bound)
     │   ├── InvalidInputSchema       422 invalid_input_schema     (a function's schema)
     │   └── InvalidArtifact          422 invalid_artifact         (code or module)
     ├── LimitTooHigh                 422 limit_too_high
@@ -63,6 +65,13 @@ class InvalidJSON(BadRequest):
     code, default_message = "invalid_json", "request body is not valid JSON"
 
 
+class TooDeeplyNested(BadRequest):
+    """A body nested deeper than the gateway parses (``app.http.jsonbody.MAX_DEPTH``), or
+    a request whose processing recursed past the interpreter's limit."""
+
+    code, default_message = "too_deeply_nested", "the request is nested too deeply"
+
+
 class UnsupportedMediaType(BadRequest):
     status, code = 415, "unsupported_media_type"
     default_message = "request body must be application/json"
@@ -76,6 +85,14 @@ class InputValidationFailed(ValidationFailed):
     """A function's input does not match the JSON schema registered with it."""
 
     code, default_message = "input_validation_error", "input does not match the function's schema"
+
+
+class InputTooComplex(InputValidationFailed):
+    """Checking the input against the function's schema needs more work than one request
+    may spend (``app.functions.budget``): a smaller input or a simpler schema passes."""
+
+    code = "input_too_complex"
+    default_message = "validating this input against the function's schema takes too much work"
 
 
 class InvalidInputSchema(ValidationFailed):

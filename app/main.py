@@ -1,4 +1,8 @@
-"""The app factory: ``create_app(settings)`` builds the gateway (and, embedded, a node)."""
+"""The app factory: ``create_app(settings)`` builds the gateway (and, embedded, a node).
+
+The lifespan opens the services, then the keyless listener (``app.http.listeners``) when
+one is configured, and closes them in reverse order.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
 from app.http.errors import HANDLERS
+from app.http.listeners import serving_keyless
 from app.http.middleware import BodySizeLimit, RequestMetrics
 from app.http.openapi import build
 from app.metrics import Metrics
@@ -29,7 +34,9 @@ def create_app(settings: Settings | None = None, *, with_node: bool = True) -> S
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with open_services(settings, metrics=metrics, with_node=with_node) as services:
             app.state.services = services
-            yield
+            async with serving_keyless(app, settings) as addresses:
+                app.state.keyless_addresses = addresses
+                yield
 
     app = Starlette(
         routes=[ep.route() for ep in ENDPOINTS],

@@ -18,7 +18,7 @@ from typing import Any
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
-from app.db import tenants
+from app.db import files, tenants
 from app.db.engine import make_engine, make_sessionmaker
 from app.db.migrate import upgrade
 from app.db.writer import BatchWriter
@@ -95,7 +95,7 @@ async def open_services(
     settings: Settings, *, metrics: Metrics, with_node: bool
 ) -> AsyncIterator[Services]:
     async with contextlib.AsyncExitStack() as stack:
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        files.prepare(settings.data_dir, settings.resolved_database_url)
         engine = make_engine(settings.resolved_database_url)
         stack.push_async_callback(engine.dispose)
         if settings.run_migrations:
@@ -194,7 +194,6 @@ async def open_services(
                 cache_seconds=settings.auth_cache_seconds,
                 default_quota=settings.quota.limits(),
                 default_tenant=settings.default_tenant,
-                default_loopback_only=settings.default_tenant_loopback_only,
             ),
             invocations=invocations,
             catalogue=catalogue,
@@ -202,6 +201,7 @@ async def open_services(
             reconciler=reconciler,
             redis=redis,
         )
+        stack.callback(services.validators.close)
         _register_gauges(services)
 
         _keep(stack, recorder.run, "corral-recorder", finally_=_drain(recorder, transport))

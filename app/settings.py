@@ -6,6 +6,7 @@ passed down; nothing reads configuration at import time.
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Self
 
@@ -59,8 +60,14 @@ class Settings(DatabaseSettings):
     redis_url: str | None = Field(
         None, description="When set: Redis Streams dispatch and Redis quota counters."
     )
-    host: str = "127.0.0.1"
+    host: str = Field("127.0.0.1", description="Listen address of the API (always needs a key).")
     port: int = Field(8080, ge=0, le=65535)
+    trusted_proxies: str | None = Field(
+        None,
+        description="Comma-separated addresses or networks of reverse proxies whose "
+        "X-Forwarded-For and X-Forwarded-Proto are believed. Unset: those headers are "
+        "ignored and the peer address is the client's.",
+    )
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     auth_cache_seconds: float = Field(
         2.0, ge=0, description="How long a verified API key is trusted without a database read."
@@ -68,10 +75,23 @@ class Settings(DatabaseSettings):
     default_tenant: str | None = Field(
         None,
         description="Name of the tenant that keyless SandboxFusion-style requests act as "
-        "(created at start-up if missing). Unset: every request needs a key.",
+        "(created at start-up if missing). Keyless requests are served only on the keyless "
+        "listener (keyless_port, keyless_socket); unset: every request needs a key.",
     )
-    default_tenant_loopback_only: bool = Field(
-        True, description="Accept keyless requests only from loopback clients."
+    keyless_host: str = Field(
+        "127.0.0.1", description="Loopback address of the keyless listener (an IP literal)."
+    )
+    keyless_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="Port of the keyless listener: /run_code without a key acts as "
+        "default_tenant there, and only there. 0: any free port. Unset: no such port.",
+    )
+    keyless_socket: Path | None = Field(
+        None,
+        description="Unix socket of the keyless listener (created mode 0600: only this "
+        "user may connect). Unset: no such socket.",
     )
     run_migrations: bool = Field(True, description="Run `alembic upgrade head` at startup.")
 
@@ -150,6 +170,39 @@ class Settings(DatabaseSettings):
         if self.failpoints:
             raise ValueError("CORRAL_FAILPOINTS needs CORRAL_DEV_MODE=1")
         return self
+
+    @model_validator(mode="after")
+    def _check_listeners(self) -> Self:
+        keyless = self.keyless_port is not None or self.keyless_socket is not None
+        if keyless and not self.default_tenant:
+            raise ValueError(
+                "a keyless listener (CORRAL_KEYLESS_PORT or CORRAL_KEYLESS_SOCKET) needs "
+                "CORRAL_DEFAULT_TENANT, the tenant keyless requests act as"
+            )
+        try:
+            loopback = ipaddress.ip_address(self.keyless_host).is_loopback
+        except ValueError:
+            loopback = False
+        if not loopback:
+            raise ValueError(
+                f"CORRAL_KEYLESS_HOST must be a loopback IP address (127.0.0.1 or ::1), not "
+                f"{self.keyless_host!r}: keyless access must never be reachable from another host"
+            )
+        if self.keyless_port and self.keyless_port == self.port:
+            raise ValueError("CORRAL_KEYLESS_PORT must differ from CORRAL_PORT")
+        for entry in self.proxies:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"CORRAL_TRUSTED_PROXIES: {entry!r} is not an IP address or network"
+                ) from None
+        return self
+
+    @property
+    def proxies(self) -> list[str]:
+        """The trusted proxies, as a list (empty: proxy headers are ignored)."""
+        return [p.strip() for p in (self.trusted_proxies or "").split(",") if p.strip()]
 
     @property
     def hold_seconds(self) -> float:

@@ -158,6 +158,11 @@ def new_tenant(client: TestClient) -> Callable[..., dict[str, Any]]:
     return make
 
 
+def keyless_url(port: int) -> str:
+    """The base URL of a test server's keyless listener on ``port``."""
+    return f"http://127.0.0.1:{port}"
+
+
 def free_port() -> int:
     import socket
 
@@ -168,22 +173,27 @@ def free_port() -> int:
 
 @pytest.fixture
 def live_server(make_settings: Callable[..., Settings]) -> Iterator[Callable[..., str]]:
-    """Start Corral on a real uvicorn server in a thread; returns its base URL.
+    """Start Corral on a real uvicorn server in a thread, configured as ``corral serve``
+    configures it (``app.http.listeners.api_config``); returns the API's base URL.
 
-    For clients that need a real socket (requests-based SDKs, keyless loopback access).
+    For clients that need a real socket (requests-based SDKs). With ``keyless_port`` (and
+    ``default_tenant``) the app also serves its keyless listener there:
+    ``keyless_url(port)``.
     """
     import threading
     import time
 
     import uvicorn
 
+    from app.http.listeners import api_config
+
     servers: list[tuple[uvicorn.Server, threading.Thread]] = []
 
     def start(**overrides: Any) -> str:
         port = free_port()
-        app = create_app(make_settings(port=port, **overrides))
+        settings = make_settings(port=port, **overrides)
         server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+            api_config(create_app(settings), settings, log_level="warning", lifespan="on")
         )
         thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
         thread.start()

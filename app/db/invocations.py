@@ -225,17 +225,22 @@ class Finish(_Final):
     def values(self, now: datetime) -> Stored:
         result, run = self.result, self.result.run
         stored = result.model_dump(mode="json")
-        if stored.get("run"):
-            stored["run"]["stdout"] = stored["run"]["stderr"] = ""
+        stdout, stderr = (run.stdout, run.stderr) if run else ("", "")
+        if stored.get("run"):  # the run's output goes to its columns, unless they cannot hold it
+            for stream, text in (("stdout", stdout), ("stderr", stderr)):
+                if not _fits_text_column(text):
+                    stored["run"][stream] = text  # JSON escapes it; the column stays empty
+                else:
+                    stored["run"][stream] = ""
         exit_code = run.exit_code if run else (result.compile.exit_code if result.compile else None)
         return {
             "status": status_of(result).value,
-            "error": result.error,
+            "error": _text_column(result.error),
             "attempts": self.attempt,
             "node_id": self.node_id,
             "exit_code": exit_code,
-            "stdout": run.stdout if run else "",
-            "stderr": run.stderr if run else "",
+            "stdout": stdout if _fits_text_column(stdout) else "",
+            "stderr": stderr if _fits_text_column(stderr) else "",
             "stdout_truncated": bool(run and run.stdout_truncated),
             "stderr_truncated": bool(run and run.stderr_truncated),
             "result": stored,
@@ -266,7 +271,7 @@ class Fail(_Final):
     def values(self, now: datetime) -> Stored:
         return {
             "status": Status.ERRORED.value,
-            "error": self.error,
+            "error": _text_column(self.error),
             "job": None,
             "finished_at": now,
         }
@@ -417,3 +422,14 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
     if not sep or not row_id or when is None or when.tzinfo is None:
         raise ValidationFailed("cursor is not one this API returned")
     return when, row_id
+
+
+def _fits_text_column(text: str) -> bool:
+    """Whether every database's text column can hold ``text``: PostgreSQL's cannot hold
+    NUL (a program may well print one; its JSON can, escaped)."""
+    return "\x00" not in text
+
+
+def _text_column(text: str | None) -> str | None:
+    """``text`` for a text column: a NUL (a platform message quoting output) becomes U+FFFD."""
+    return text.replace("\x00", "\ufffd") if text else text

@@ -62,7 +62,7 @@ async def register(
     driver = driver_for(manifest.language)
     entry_point = MODULE_ENTRY_POINT if driver is Driver.MODULE else manifest.entry_point
     artifacts.check_entry_point(driver, entry_point)
-    schema.check_schema(manifest.input_schema)
+    await asyncio.to_thread(schema.check_schema, manifest.input_schema)
     limits = resolved_limits(manifest, principal)
     await artifacts.check_artifact(driver, content, entry_point)
     new = repo.NewVersion(
@@ -99,10 +99,23 @@ class Target:
     artifact: bytes
     validators: schema.Validators
 
+    async def validate(self, values: list[Any]) -> list[CorralError | None]:
+        """Check each value against the input schema, all on one work budget
+        (``app.functions.schema.validate_inputs``): ``None`` or the error to answer with."""
+        return await schema.validate_inputs(
+            self.validators, self.version.id, self.version.input_schema, values
+        )
+
+    async def valid_spec(self, value: Any, principal: Principal) -> RunSpec:
+        """``spec`` of ``value`` once it has passed ``validate`` (else its error)."""
+        (error,) = await self.validate([value])
+        if error is not None:
+            raise error
+        return self.spec(value, principal)
+
     def spec(self, value: Any, principal: Principal) -> RunSpec:
-        """Validate ``value`` against the input schema, then build the run (its limits
-        checked against the tenant's quota as it is now)."""
-        schema.validate_input(self.validators, self.version.id, self.version.input_schema, value)
+        """The run of ``value``, which has passed ``validate`` (its limits checked against
+        the tenant's quota as it is now)."""
         limits = self.version.limits
         return drivers.build_spec(
             language=self.version.language,
@@ -145,10 +158,17 @@ async def target(services: Services, principal: Principal, *, name: str, ref: st
 async def invoke(
     services: Services, principal: Principal, target: Target, value: Any
 ) -> InvokeResponse:
-    """Run once and wait: the function's result (its failures are in the body, not raised)."""
+    """Validate, run once and wait: the function's result (its failures are in the body,
+    not raised)."""
+    return await _run(services, principal, target, value, await target.valid_spec(value, principal))
+
+
+async def _run(
+    services: Services, principal: Principal, target: Target, value: Any, spec: RunSpec
+) -> InvokeResponse:
     row = await services.invocations.run(
         principal,
-        target.spec(value, principal),
+        spec,
         kind="function",
         function_version_id=target.version.id,
         record=target.record(value),
@@ -157,10 +177,10 @@ async def invoke(
 
 
 async def submit(services: Services, principal: Principal, target: Target, value: Any) -> str:
-    """Start one invocation without waiting; its id."""
+    """Validate and start one invocation without waiting; its id."""
     row = await services.invocations.submit(
         principal,
-        target.spec(value, principal),
+        await target.valid_spec(value, principal),
         kind="function",
         function_version_id=target.version.id,
         record=target.record(value),
@@ -171,11 +191,15 @@ async def submit(services: Services, principal: Principal, target: Target, value
 async def invoke_batch(
     services: Services, principal: Principal, target: Target, values: list[Any]
 ) -> list[BatchInvokeItem]:
-    """Each input validated, admitted and run on its own, concurrently; in input order."""
+    """Every input validated first (one work budget for the batch), then each valid one
+    admitted and run on its own, concurrently; in input order."""
 
-    async def one(value: Any) -> BatchInvokeItem:
+    async def one(value: Any, refused: CorralError | None) -> BatchInvokeItem:
         try:
-            return BatchInvokeItem(result=await invoke(services, principal, target, value))
+            if refused is not None:
+                raise refused
+            spec = target.spec(value, principal)
+            return BatchInvokeItem(result=await _run(services, principal, target, value, spec))
         except CorralError as exc:
             details = exc.details if isinstance(exc.details, dict) else None
             if isinstance(exc.details, list):
@@ -184,4 +208,5 @@ async def invoke_batch(
                 error=FunctionError(code=exc.code, message=exc.message, details=details)
             )
 
-    return list(await asyncio.gather(*(one(v) for v in values)))
+    refusals = await target.validate(values)
+    return list(await asyncio.gather(*(one(v, r) for v, r in zip(values, refusals, strict=True))))

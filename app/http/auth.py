@@ -4,11 +4,15 @@ Keys come as ``Authorization: Bearer <key>`` or ``X-API-Key: <key>``. A verified
 is trusted for ``auth_cache_seconds`` without a database read; revoking a key or
 disabling a tenant through this process drops the cache at once (other gateways
 notice within that window).
+
+A request without a key acts as the default tenant only on an endpoint that allows it
+(``tenant_or_default``: ``/run_code``) and only when it arrived on the keyless listener
+(``app.http.listeners.is_keyless``: a mark in the ASGI scope). Neither the peer address
+nor any header is consulted.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import time
 from typing import Any
@@ -22,6 +26,7 @@ from app.db import tenants
 from app.db.models import Tenant
 from app.errors import AdminRequired, InvalidApiKey, TenantDisabled, Unauthenticated
 from app.http.endpoint import Auth
+from app.http.listeners import is_keyless
 from app.quotas.spec import QuotaLimits
 
 log = logging.getLogger(__name__)
@@ -38,7 +43,6 @@ class Authenticator:
         cache_seconds: float,
         default_quota: QuotaLimits,
         default_tenant: str | None = None,
-        default_loopback_only: bool = True,
     ) -> None:
         self._default_quota = default_quota
         self._sessions = sessions
@@ -46,7 +50,6 @@ class Authenticator:
         self._cache_s = cache_seconds
         self._cache: dict[str, tuple[float, Principal]] = {}
         self._default_tenant = default_tenant
-        self._default_loopback_only = default_loopback_only
         self._default: tuple[float, Principal] | None = None
 
     async def authenticate(self, request: Request, auth: Auth) -> Principal | Admin | None:
@@ -60,21 +63,15 @@ class Authenticator:
                 return _ADMIN
             raise AdminRequired()
         if presented is None:
-            if auth == "tenant_or_default" and self._default_allowed(request):
-                return await self.default_principal()
+            if auth == "tenant_or_default" and self._default_tenant is not None:
+                if is_keyless(request.scope):
+                    return await self.default_principal()
+                raise Unauthenticated(
+                    "an API key is required: keyless access is served only on the keyless "
+                    "listener (CORRAL_KEYLESS_PORT or CORRAL_KEYLESS_SOCKET)"
+                )
             raise Unauthenticated()
         return await self.tenant_for(presented)
-
-    def _default_allowed(self, request: Request) -> bool:
-        if self._default_tenant is None:
-            return False
-        if not self._default_loopback_only:
-            return True
-        host = request.client.host if request.client else ""
-        try:
-            return ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            return False
 
     async def default_principal(self) -> Principal:
         """The default tenant (for keyless requests), cached like a key."""

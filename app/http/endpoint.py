@@ -8,9 +8,8 @@ drift from the code.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ValidationError
@@ -20,6 +19,7 @@ from starlette.routing import Route
 
 from app.auth.principal import Admin, Principal
 from app.errors import InvalidJSON, PayloadTooLarge, UnsupportedMediaType, ValidationFailed
+from app.http import jsonbody
 
 if TYPE_CHECKING:
     from app.services import Services
@@ -66,7 +66,10 @@ class Endpoint:
     query: type[BaseModel] | None = None
     response: type[BaseModel] | None = None
     status: int = 200
-    errors: list[int] = field(default_factory=list)
+    #: Error statuses beyond those every endpoint of its kind has (``app.http.openapi``).
+    errors: tuple[int, ...] = ()
+    #: The OpenAPI schema of a multipart/form-data body the handler reads itself.
+    form: dict[str, Any] | None = None
 
     def route(self) -> Route:
         async def endpoint(request: Request) -> Response:
@@ -103,14 +106,20 @@ def endpoint(
     query: type[BaseModel] | None = None,
     response: type[BaseModel] | None = None,
     status: int = 200,
+    errors: tuple[int, ...] = (),
+    form: dict[str, Any] | None = None,
 ) -> Callable[[Handler], Endpoint]:
     def wrap(handler: Handler) -> Endpoint:
-        return Endpoint(method, path, handler, summary, tags, auth, body, query, response, status)
+        return Endpoint(
+            method, path, handler, summary, tags, auth, body, query, response, status, errors, form
+        )
 
     return wrap
 
 
 async def read_json(request: Request) -> Any:
+    """The request's JSON body, size-bounded, parsed by ``app.http.jsonbody`` (bounded
+    depth, strings that encode as UTF-8)."""
     content_type = request.headers.get("content-type", "application/json")
     if content_type.split(";")[0].strip().lower() not in ("application/json", ""):
         raise UnsupportedMediaType()
@@ -120,10 +129,7 @@ async def read_json(request: Request) -> Any:
         raise PayloadTooLarge(f"request body is over {limit} bytes")
     if not raw:
         raise InvalidJSON("request body is empty; a JSON object is required")
-    try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidJSON(f"request body is not valid JSON: {exc}") from None
+    return jsonbody.parse(raw)
 
 
 def _validate[M: BaseModel](model: type[M], data: Any, *, where: str) -> M:

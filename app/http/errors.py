@@ -3,8 +3,11 @@
 Every error body is ``{"error": {"code": ..., "message": ..., "details"?: ...}}`` with a
 stable code from ``app.errors``. A database or Redis that cannot be reached (a restart,
 a failover) is a 503 with ``Retry-After``, never a 500: ``database_unavailable`` or
-``dispatch_unavailable``. Other unexpected exceptions become a 500 ``internal_error``
-with no traceback (it is logged, and re-raised for the server).
+``dispatch_unavailable``. A ``RecursionError`` that escapes (input is bounded so that
+none should: ``app.http.jsonbody``, ``app.functions.bounds``) is a 400
+``too_deeply_nested`` logged as one line, never a traceback thousands of lines long.
+Other unexpected exceptions become a 500 ``internal_error`` (its traceback logged, and
+re-raised for the server; never sent to the client).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from app.errors import (
     DispatchUnavailable,
     MethodNotAllowed,
     NotFound,
+    TooDeeplyNested,
 )
 
 log = logging.getLogger(__name__)
@@ -87,6 +91,12 @@ def _is_connection_failure(exc: Exception) -> bool:
     return bool(exc.connection_invalidated) or state.startswith(("08", "57P"))
 
 
+async def too_deep(request: Request, exc: Exception) -> Response:
+    """One line, without the traceback: a deep recursion's is thousands of lines long."""
+    log.warning("%s %s: recursion too deep, answered 400", request.method, request.url.path)
+    return error_response(TooDeeplyNested("the request is nested too deeply to process"))
+
+
 async def unhandled(request: Request, exc: Exception) -> Response:
     log.error("%s %s: unhandled %r", request.method, request.url.path, exc, exc_info=exc)
     return error_response(CorralError())
@@ -99,5 +109,6 @@ HANDLERS: dict[Any, Any] = {
     RedisConnectionError: redis_down,
     RedisTimeoutError: redis_down,
     ConnectionError: connection_down,
+    RecursionError: too_deep,
     Exception: unhandled,
 }

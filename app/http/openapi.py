@@ -1,4 +1,11 @@
-"""Build the OpenAPI 3.1 document from the typed endpoints."""
+"""Build the OpenAPI 3.1 document from the typed endpoints.
+
+Every error status an operation can answer is documented: 401 and 403 where a key is
+needed, 503 wherever the database is read (``database_unavailable``), 404 and 422 where the
+path has parameters, 400/413/415/422 where there is a body, 422 where there is a query, and
+the endpoint's own ``errors`` (409, 429, 504, ...). ``tests/app/http/test_schemathesis.py``
+holds every answer to it.
+"""
 
 from __future__ import annotations
 
@@ -44,16 +51,25 @@ def build(endpoints: list[Endpoint], *, title: str, version: str) -> dict[str, A
                 "required": True,
                 "content": {"application/json": {"schema": refs[(ep.body, "validation")]}},
             }
+        elif ep.form is not None:
+            op["requestBody"] = {
+                "required": True,
+                "content": {"multipart/form-data": {"schema": ep.form}},
+            }
         ok: dict[str, Any] = {"description": "OK"}
         if ep.response is not None:
             ok["content"] = {"application/json": {"schema": refs[(ep.response, "serialization")]}}
         op["responses"][str(ep.status)] = ok
         error_ref = refs[(ErrorResponse, "serialization")]
+        has_body = ep.body is not None or ep.form is not None
         for status in sorted(
             {
                 *_AUTH_ERRORS.get(ep.auth, ()),
-                *((400, 413, 415, 422) if ep.body is not None else ()),
+                *((503,) if ep.auth != "none" else ()),
+                *((404, 422) if _PATH_PARAM.search(ep.path) else ()),
+                *((400, 413, 415, 422) if has_body else ()),
                 *((422,) if ep.query is not None else ()),
+                *ep.errors,
             }
         ):
             op["responses"][str(status)] = {

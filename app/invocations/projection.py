@@ -13,12 +13,14 @@ from wire.execution import RunResult
 
 
 def stored_result(row: Invocation) -> RunResult | None:
-    """The RunResult a node reported, with the run stage's output put back from its columns."""
+    """The RunResult a node reported, with the run stage's output put back from its columns
+    (or kept in the result's JSON, where output with a NUL is stored: ``app.db.invocations``)."""
     if row.result is None:
         return None
     result = RunResult.model_validate(row.result)
     if result.run is not None:
-        result.run.stdout, result.run.stderr = row.stdout, row.stderr
+        result.run.stdout = row.stdout or result.run.stdout
+        result.run.stderr = row.stderr or result.run.stderr
     return result
 
 

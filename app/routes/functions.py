@@ -10,7 +10,6 @@ another tenant's function is a 404 like a missing one.
 from __future__ import annotations
 
 import base64
-import binascii
 import re
 
 from pydantic import ValidationError
@@ -46,6 +45,16 @@ from app.schemas.functions import (
 )
 
 TAGS = ["functions"]
+
+#: The multipart body of ``upload_function`` (read by the handler, documented here).
+UPLOAD_FORM = {
+    "type": "object",
+    "properties": {
+        "manifest": {"type": "string", "description": "the JSON of FunctionManifest"},
+        "artifact": {"type": "string", "format": "binary", "description": "code or .wasm"},
+    },
+    "required": ["manifest", "artifact"],
+}
 
 
 def function_out(fn: Function) -> FunctionOut:
@@ -84,6 +93,7 @@ def _registered(fn: Function, version: FunctionVersion, created: bool) -> Respon
     body=FunctionCreate,
     response=RegisterResponse,
     status=201,
+    errors=(409,),
 )
 async def register_function(call: Call) -> Response:
     body: FunctionCreate = call.body
@@ -97,7 +107,7 @@ async def register_function(call: Call) -> Response:
             raise PayloadTooLarge(f"the module is over {MAX_MODULE_BYTES} bytes")
         try:
             content = base64.b64decode(body.module_base64, validate=True)
-        except binascii.Error:
+        except ValueError:  # binascii.Error, or a character that is not ASCII
             raise ValidationFailed("module_base64 is not valid base64") from None
     manifest = FunctionManifest.model_validate(body.model_dump(include=_MANIFEST_FIELDS))
     fn, version, created = await service.register(
@@ -116,6 +126,8 @@ _MANIFEST_FIELDS = set(FunctionManifest.model_fields)
     tags=TAGS,
     response=RegisterResponse,
     status=201,
+    errors=(409,),
+    form=UPLOAD_FORM,
 )
 async def upload_function(call: Call) -> Response:
     name = call.path["name"]
@@ -286,6 +298,7 @@ async def _invoke(call: Call, ref: str | None) -> InvokeResponse | Response:
     body=FunctionInput,
     query=InvokeQuery,
     response=InvokeResponse,
+    errors=(429, 504),
 )
 async def invoke_function(call: Call) -> InvokeResponse | Response:
     return await _invoke(call, call.query.version)
@@ -298,6 +311,7 @@ async def invoke_function(call: Call) -> InvokeResponse | Response:
     tags=TAGS,
     body=FunctionInput,
     response=InvokeResponse,
+    errors=(429, 504),
 )
 async def invoke_function_version(call: Call) -> InvokeResponse | Response:
     return await _invoke(call, call.path["version"])

@@ -44,6 +44,7 @@ def to_spec(body: RunRequest, principal: Principal) -> RunSpec:
     tags=["run"],
     body=RunRequest,
     response=RunResponse,
+    errors=(429, 504),
 )
 async def run(call: Call) -> RunResponse:
     principal = call.tenant

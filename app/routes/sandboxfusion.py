@@ -47,6 +47,7 @@ async def ping(call: Call) -> Pong:
     auth="tenant_or_default",
     body=SfRunCodeRequest,
     response=SfRunCodeResponse,
+    errors=(429, 504),
 )
 async def run_code(call: Call) -> SfRunCodeResponse:
     body: SfRunCodeRequest = call.body

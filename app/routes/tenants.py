@@ -31,6 +31,7 @@ TAGS = ["tenants"]
     body=TenantCreate,
     response=TenantCreated,
     status=201,
+    errors=(409,),
 )
 async def create_tenant(call: Call) -> TenantCreated:
     body: TenantCreate = call.body
@@ -83,6 +84,7 @@ async def get_tenant(call: Call) -> TenantOut:
     auth="admin",
     body=TenantPatch,
     response=TenantOut,
+    errors=(409,),
 )
 async def update_tenant(call: Call) -> TenantOut:
     body: TenantPatch = call.body

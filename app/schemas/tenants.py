@@ -14,11 +14,15 @@ Name = Annotated[
     str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 ]
 
+#: A key's label: free text, but no control characters (a database text column cannot hold
+#: NUL, and a label is printed in terminals and logs).
+Label = Annotated[str, StringConstraints(max_length=128, pattern=r"^[^\x00-\x1f\x7f]*$")]
+
 
 class TenantCreate(Strict):
     name: Name = Field(examples=["rl-team-a"])
     quota: QuotaPatch = Field(default_factory=QuotaPatch)  # type: ignore[valid-type]
-    key_name: str = Field("default", max_length=128)
+    key_name: Label = "default"
 
 
 class TenantPatch(Strict):
@@ -41,7 +45,7 @@ class TenantList(BaseModel):
 
 
 class KeyCreate(Strict):
-    name: str = Field("", max_length=128)
+    name: Label = ""
 
 
 class KeyOut(BaseModel):

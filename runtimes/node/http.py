@@ -50,8 +50,9 @@ def node_app(agent: NodeAgent) -> Starlette:
     )
 
 
-class _QuietServer(uvicorn.Server):
-    """A uvicorn server that leaves signal handling to the process that embeds it."""
+class EmbeddedServer(uvicorn.Server):
+    """A uvicorn server that leaves signal handling to the process that embeds it (the
+    node's listener here; the gateway's keyless listener in ``app.http.listeners``)."""
 
     def capture_signals(self) -> contextlib.AbstractContextManager[None]:  # type: ignore[override]
         return contextlib.nullcontext()
@@ -60,7 +61,7 @@ class _QuietServer(uvicorn.Server):
 @contextlib.asynccontextmanager
 async def serving(agent: NodeAgent, host: str, port: int) -> AsyncIterator[str]:
     """Serve the node's endpoints while the block runs; yields the address (``host:port``)."""
-    server = _QuietServer(
+    server = EmbeddedServer(
         uvicorn.Config(node_app(agent), host=host, port=port, log_level="warning", lifespan="off")
     )
     task = asyncio.create_task(server.serve(), name="node-http")

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from app.http.listeners import KeylessListener
 from app.main import create_app
 from app.settings import Settings
 from tests.conftest import ADMIN
@@ -42,8 +43,8 @@ def test_the_answer_is_the_stored_row_whatever_the_output(
 def test_run_code_names_the_node_whatever_the_output(
     make_settings: Callable[..., Settings], stack: dict[str, Any], size: int
 ) -> None:
-    settings = make_settings(default_tenant="default", default_tenant_loopback_only=False, **stack)
-    with TestClient(create_app(settings)) as client:
+    settings = make_settings(default_tenant="default", **stack)
+    with TestClient(KeylessListener(create_app(settings))) as client:
         response = client.post(
             "/run_code", json={"language": "fake", "code": json.dumps({"stdout": "y" * size})}
         )

@@ -224,3 +224,34 @@ def test_a_forged_cursor_is_422(client: TestClient, new_tenant: Callable[..., Te
         )
         assert response.status_code == 422, (cursor, response.text)
         assert response.json()["error"]["code"] == "validation_error"
+
+
+def test_output_with_a_nul_is_stored_and_answered_whole(
+    make_settings: Callable[..., Any], stack: dict[str, Any]
+) -> None:
+    """A program may print NUL; PostgreSQL's text columns cannot hold it. The result is
+    stored all the same (never retried forever) and answered byte for byte."""
+    from app.main import create_app
+    from tests.conftest import ADMIN
+
+    settings = make_settings(result_wait_grace_seconds=3, **stack)
+    with TestClient(create_app(settings)) as client:
+        created = client.post("/v1/tenants", json={"name": "nul"}, headers=ADMIN).json()
+        tenant = {"headers": {"Authorization": f"Bearer {created['key']['api_key']}"}}
+        answer = run(client, tenant, stdout="a\x00b", stderr="\x00")
+        assert answer["status"] == "succeeded", answer
+        assert (answer["run"]["stdout"], answer["run"]["stderr"]) == ("a\x00b", "\x00")
+        stored = client.get(f"/v1/invocations/{answer['invocation_id']}", headers=tenant["headers"])
+        assert stored.json()["run"]["stdout"] == "a\x00b"
+        plain = run(client, tenant, stdout="plain")
+        assert plain["run"]["stdout"] == "plain"
+
+
+def test_key_labels_refuse_control_characters(client: TestClient) -> None:
+    from tests.conftest import ADMIN
+
+    response = client.post(
+        "/v1/tenants", json={"name": "labels", "key_name": "a\x00b"}, headers=ADMIN
+    )
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["code"] == "validation_error"
