@@ -27,7 +27,8 @@ never rename one) and an HTTP ``status``.
     ├── QuotaExceeded                429 quota_exceeded      (Retry-After)
     │   ├── RateLimited              429 rate_limited
     │   ├── ConcurrencyLimited       429 concurrency_limited
-    │   └── CpuQuotaExhausted        429 cpu_quota_exhausted
+    │   ├── CpuQuotaExhausted        429 cpu_quota_exhausted
+    │   └── StorageQuotaExhausted    429 storage_quota_exhausted
     ├── Unavailable                  503 unavailable         (Retry-After)
     │   ├── NoCapacity               503 no_capacity
     │   ├── DatabaseUnavailable      503 database_unavailable
@@ -174,6 +175,13 @@ class ConcurrencyLimited(QuotaExceeded):
 
 class CpuQuotaExhausted(QuotaExceeded):
     code, default_message = "cpu_quota_exhausted", "daily CPU-seconds quota is used up"
+
+
+class StorageQuotaExhausted(QuotaExceeded):
+    code, default_message = (
+        "storage_quota_exhausted",
+        "the storage quota for large outputs is used up until some outlive their retention",
+    )
 
 
 class Unavailable(CorralError):

@@ -13,6 +13,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from redis.asyncio import Redis
@@ -33,6 +34,7 @@ from app.http.auth import Authenticator
 from app.invocations.leader import election_for
 from app.invocations.reconciler import Policy, Reconciler
 from app.invocations.recorder import Recorder
+from app.invocations.retention import Retention
 from app.invocations.service import Invocations, Timing
 from app.invocations.waiters import Waiters
 from app.metrics import Metrics
@@ -40,7 +42,7 @@ from app.placement.best_of_k import BestOfK
 from app.placement.catalogue import Catalogue
 from app.quotas.admission import Admission
 from app.quotas.counters import MemoryCounters, QuotaCounters
-from app.quotas.cpu import CpuUsage
+from app.quotas.readings import Readings
 from app.quotas.redis_counters import RedisCounters
 from app.settings import Settings
 from runtimes.node.agent import NodeAgent
@@ -130,7 +132,7 @@ async def open_services(
         stack.callback(waiters.close)
         admission = Admission(
             counters,
-            CpuUsage(sessions),
+            Readings(sessions),
             queue_seconds=settings.admission_queue_seconds,
             queue_depth=settings.admission_queue_depth,
         )
@@ -166,6 +168,12 @@ async def open_services(
                 timing=timing,
             ),
             interval_s=settings.reconcile_seconds,
+            retention=Retention(
+                blobs=timedelta(hours=settings.blob_retention_hours),
+                invocations=timedelta(days=settings.invocation_retention_days),
+                usage_events=timedelta(days=settings.usage_event_retention_days),
+            ),
+            retention_every_s=settings.retention_seconds,
         )
         invocations = Invocations(
             sessions=sessions,

@@ -146,6 +146,30 @@ class Settings(DatabaseSettings):
         description="A claimed execution still open this long past its own time limits is "
         "treated as lost, even on a live node.",
     )
+    blob_retention_hours: float = Field(
+        24.0,
+        gt=0,
+        description="How long the large parts of invocations (outputs, fetched files, code "
+        "or stdin over 64 KiB) are kept; afterwards answers show their first 4 KiB.",
+    )
+    invocation_retention_days: float = Field(
+        30.0, gt=0, description="How long finished invocations are kept."
+    )
+    usage_event_retention_days: float = Field(
+        90.0,
+        gt=0,
+        description="How long usage events are kept once counted in the hourly rollups "
+        "(the rollups are kept).",
+    )
+    retention_seconds: float = Field(
+        60.0, gt=0, description="Period of the reconciler's retention pass."
+    )
+    max_batch_response_bytes: int = Field(
+        32 * 1024 * 1024,
+        ge=0,
+        description="Large outputs one batch answer includes in full; past it, items show "
+        "their first 4 KiB and name what they leave out (GET each invocation for it).",
+    )
     failpoints: dict[str, str] = Field(
         default_factory=dict,
         description="Dev mode only: faults to inject at named points (app/failpoints.py), "

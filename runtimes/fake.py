@@ -1,7 +1,9 @@
 """An in-process fake backend for unit tests (like httpx's MockTransport).
 
 The ``code`` of a ``fake`` execution is a JSON object that says what the "program"
-does: ``{"stdout": "hi", "stderr": "", "exit": 0, "sleep": 0.5, "crash": false}``.
+does: ``{"stdout": "hi", "stderr": "", "exit": 0, "sleep": 0.5, "crash": false}``;
+``"repeat": n`` prints its stdout and stderr ``n`` times, ``"files": {path: base64}`` are
+the files it leaves for ``fetch_files``.
 It needs CORRAL_DEV_MODE and is never started in production. With ``run_log`` set
 (``CORRAL_FAKE='{"run_log": PATH}'``) every run appends its invocation id to that file,
 so that tests can count how often an execution really ran, across processes.
@@ -53,16 +55,19 @@ class FakeRuntime(Runtime):
             stage = StageResult(status=StageStatus.TIME_LIMIT, signal=9, message="time limit")
         else:
             await asyncio.sleep(sleep)
+            repeat = int(program.get("repeat", 1))
             stage = StageResult(
                 status=StageStatus.FINISHED,
                 exit_code=int(program.get("exit", 0)),
-                stdout=str(program.get("stdout", "")) + spec.stdin,
-                stderr=str(program.get("stderr", "")),
+                stdout=str(program.get("stdout", "")) * repeat + spec.stdin,
+                stderr=str(program.get("stderr", "")) * repeat,
             )
         elapsed = (time.perf_counter() - started) * 1000
         stage.wall_ms = elapsed
         stage.cpu_ms = float(program.get("cpu_ms", 1.0))
-        return RunResult(run=stage, exec_ms=elapsed, cpu_ms=stage.cpu_ms)
+        left: dict[str, str] = program.get("files", {})
+        files = {path: left[path] for path in spec.fetch_files if path in left}
+        return RunResult(run=stage, files=files, exec_ms=elapsed, cpu_ms=stage.cpu_ms)
 
     async def close(self) -> None:
         self.closed = True

@@ -21,11 +21,22 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, ClassVar, cast
 
-from sqlalchemy import Table, and_, bindparam, insert, literal_column, or_, select, update
+from sqlalchemy import (
+    Table,
+    and_,
+    bindparam,
+    delete,
+    insert,
+    literal_column,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.db import usage
+from app.db import blobs, outputs, usage
 from app.db.models import Invocation, utcnow
+from app.db.outputs import BlobPart
 from app.db.writer import Batchable
 from app.errors import NotFound, ValidationFailed
 from wire.execution import RunResult
@@ -44,6 +55,8 @@ FINAL = (Status.SUCCEEDED, Status.FAILED, Status.ERRORED)
 
 #: What a write that stored something returns: the columns it set, as stored.
 Stored = dict[str, Any]
+#: Where ``values`` puts the blobs of a final write's large parts (not a column).
+BLOB_PARTS = "__blobs__"
 
 
 def status_of(result: RunResult) -> Status:
@@ -99,20 +112,35 @@ def _claimed[W: _Lifecycle](writes: Sequence[W], current: set[tuple[str, str]]) 
 async def _apply_final[W: _Final](
     session: AsyncSession, writes: Sequence[W]
 ) -> list[Stored | None]:
-    """Store final writes whose claim is current; append their usage events."""
+    """Store final writes whose claim is current, with their blobs; append their usage
+    events."""
     now = utcnow()
+    parts: dict[str, list[BlobPart]] = {}
+
+    def values_of(write: W) -> Stored:
+        values = write.values(now)
+        parts[write.invocation_id] = values.pop(BLOB_PARTS, [])
+        return values
+
     if len(writes) == 1:
-        values = writes[0].values(now)
+        values = values_of(writes[0])
         stored = [values if await _update_current(session, [_params(writes[0], values)]) else None]
     else:
         claimed = _claimed(writes, await _current(session, writes))
-        stored = [w.values(now) if w is not None else None for w in claimed]
+        stored = [values_of(w) if w is not None else None for w in claimed]
         params = [_params(w, v) for w, v in zip(writes, stored, strict=True) if v is not None]
         if params:
             await _update_current(session, params)
     ids = [w.invocation_id for w, v in zip(writes, stored, strict=True) if v is not None]
     if ids:
         await usage.record_invocations(session, ids)
+        expiring = [w for w in writes if w.invocation_id in ids and parts.get(w.invocation_id)]
+        for write in expiring:  # rare (large outputs): a statement per invocation
+            await blobs.insert(
+                session,
+                [(write.invocation_id, part) for part in parts[write.invocation_id]],
+                now=now,
+            )
     return stored
 
 
@@ -166,9 +194,17 @@ class Create(Batchable):
     @classmethod
     async def run_many(cls, session: AsyncSession, writes: Sequence[Create]) -> list[Any]:
         now = utcnow()
-        rows = [w.values(now) for w in writes]
+        rows: list[dict[str, Any]] = []
+        parts: list[tuple[str, BlobPart]] = []
+        for write in writes:
+            row = write.values(now)
+            row["request"], large = outputs.split_request(write.request)
+            rows.append(row)
+            parts += [(write.invocation_id, part) for part in large]
         conn = await session.connection()
         await conn.execute(_INSERT, rows[0] if len(rows) == 1 else rows)
+        if parts:  # rare: a request with large code or stdin
+            await blobs.insert(session, parts, now=now)
         return [Invocation(**row) for row in rows]
 
 
@@ -203,7 +239,8 @@ class MarkRunning(_Lifecycle):
 
 @dataclass(frozen=True, slots=True)
 class _Final(_Lifecycle):
-    """A write that ends the row (and appends its usage event)."""
+    """A write that ends the row (and appends its usage event). ``values`` may carry the
+    blobs of its large parts under ``BLOB_PARTS``; they are stored with the row."""
 
     def values(self, now: datetime) -> Stored:
         raise NotImplementedError
@@ -224,14 +261,7 @@ class Finish(_Final):
 
     def values(self, now: datetime) -> Stored:
         result, run = self.result, self.result.run
-        stored = result.model_dump(mode="json")
-        stdout, stderr = (run.stdout, run.stderr) if run else ("", "")
-        if stored.get("run"):  # the run's output goes to its columns, unless they cannot hold it
-            for stream, text in (("stdout", stdout), ("stderr", stderr)):
-                if not _fits_text_column(text):
-                    stored["run"][stream] = text  # JSON escapes it; the column stays empty
-                else:
-                    stored["run"][stream] = ""
+        split = outputs.split_result(result)
         exit_code = run.exit_code if run else (result.compile.exit_code if result.compile else None)
         return {
             "status": status_of(result).value,
@@ -239,11 +269,11 @@ class Finish(_Final):
             "attempts": self.attempt,
             "node_id": self.node_id,
             "exit_code": exit_code,
-            "stdout": stdout if _fits_text_column(stdout) else "",
-            "stderr": stderr if _fits_text_column(stderr) else "",
+            "stdout": split.stdout,
+            "stderr": split.stderr,
             "stdout_truncated": bool(run and run.stdout_truncated),
             "stderr_truncated": bool(run and run.stderr_truncated),
-            "result": stored,
+            "result": split.result,
             "job": None,
             "started_at": self.started_at,
             "finished_at": self.finished_at,
@@ -253,6 +283,7 @@ class Finish(_Final):
             "teardown_ms": result.teardown_ms,
             "cpu_ms": result.cpu_ms,
             "peak_memory_kb": result.peak_memory_kb,
+            BLOB_PARTS: split.blobs,
         }
 
     @classmethod
@@ -365,6 +396,24 @@ async def jobs_of(session: AsyncSession, ids: Sequence[str]) -> dict[str, str]:
     return {row.id: row.job for row in await session.execute(query)}
 
 
+async def delete_finished(session: AsyncSession, *, before: datetime, limit: int) -> int:
+    """Delete up to ``limit`` final invocations created before ``before``, with their
+    blobs (an open one is the reconciler's); how many."""
+    doomed = (
+        await session.scalars(
+            select(_T.c.id)
+            .where(_T.c.created_at < before, _T.c.status.in_(list(FINAL)))
+            .order_by(_T.c.created_at)
+            .limit(limit)
+        )
+    ).all()
+    if not doomed:
+        return 0
+    await blobs.delete_of(session, doomed)
+    await session.execute(delete(_T).where(_T.c.id.in_(list(doomed))))
+    return len(doomed)
+
+
 def _aware(value: datetime) -> datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
@@ -422,12 +471,6 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
     if not sep or not row_id or when is None or when.tzinfo is None:
         raise ValidationFailed("cursor is not one this API returned")
     return when, row_id
-
-
-def _fits_text_column(text: str) -> bool:
-    """Whether every database's text column can hold ``text``: PostgreSQL's cannot hold
-    NUL (a program may well print one; its JSON can, escaped)."""
-    return "\x00" not in text
 
 
 def _text_column(text: str | None) -> str | None:

@@ -165,6 +165,7 @@ class Invocation(Base):
     __table_args__ = (
         Index("ix_invocations_tenant_created", "tenant_id", "created_at"),
         Index("ix_invocations_status", "status"),
+        Index("ix_invocations_created", "created_at"),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
@@ -213,6 +214,28 @@ class Sandbox(Base):
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     expires_at: Mapped[datetime | None] = mapped_column(default=None)
     stopped_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class Blob(Base):
+    """A large part of an invocation (output, a fetched file, code or stdin) kept out of its
+    row, for a limited time: the row keeps a preview and the blob's id. Counted against
+    the tenant's ``max_storage_mb``; deleted once older than the blob retention
+    (``CORRAL_BLOB_RETENTION_HOURS``), or with its invocation."""
+
+    __tablename__ = "blobs"
+    __table_args__ = (
+        Index("ix_blobs_tenant", "tenant_id"),
+        Index("ix_blobs_created", "created_at"),
+        Index("ix_blobs_invocation", "invocation_id"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(32))
+    invocation_id: Mapped[str] = mapped_column(ForeignKey("invocations.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(512))  # e.g. run.stdout, files/out.bin, code
+    size: Mapped[int] = mapped_column(BigInteger)
+    content: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column()
 
 
 class UsageEvent(Base):

@@ -18,7 +18,18 @@ from collections.abc import Sequence
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, false, func, insert, literal, select, true, update
+from sqlalchemy import (
+    Table,
+    bindparam,
+    delete,
+    false,
+    func,
+    insert,
+    literal,
+    select,
+    true,
+    update,
+)
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -167,6 +178,20 @@ async def roll_up(session: AsyncSession, *, batch: int = ROLL_BATCH) -> int:
         values = [rows[key] for key in sorted(rows)]  # one lock order for every roller
         await conn.execute(_UPSERT[conn.dialect.name], values)
     return count
+
+
+async def delete_rolled(session: AsyncSession, *, before: datetime, limit: int) -> int:
+    """Delete up to ``limit`` events counted in the rollups that occurred before
+    ``before`` (the rollups keep their sums); how many."""
+    doomed = (
+        select(_EVENTS.c.id)
+        .where(_EVENTS.c.rolled == true(), _EVENTS.c.occurred_at < before)
+        .order_by(_EVENTS.c.id)
+        .limit(limit)
+        .scalar_subquery()
+    )
+    result = await session.execute(delete(_EVENTS).where(_EVENTS.c.id.in_(doomed)))
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
 
 def day_bounds(day: date) -> tuple[datetime, datetime]:

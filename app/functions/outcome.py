@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 from app.db.models import Invocation
-from app.invocations.projection import stored_result, timings
+from app.invocations.projection import Projection, timings
 from app.schemas.functions import FunctionError, InvokeResponse
 from wire.execution import StageResult, StageStatus
 
@@ -26,8 +26,10 @@ _STAGE_CODES = {
 }
 
 
-def invoke_response(row: Invocation, *, function: str, version: int) -> InvokeResponse:
-    result = stored_result(row)
+def invoke_response(
+    row: Invocation, projection: Projection, *, function: str, version: int
+) -> InvokeResponse:
+    result = projection.result
     stage = (result.run or result.compile) if result else None
     logs = stage.stderr if stage else ""
     response = InvokeResponse(
@@ -50,6 +52,11 @@ def invoke_response(row: Invocation, *, function: str, version: int) -> InvokeRe
     if not stage.ok:
         response.status = "failed"
         response.error = _stage_error(stage)
+        return response
+    stage_name = "run" if result.run is not None else "compile"
+    omitted = projection.omitted.get(f"{stage_name}.stdout")
+    if omitted is not None:  # the output is there, but not in this answer
+        response.omitted_outputs = {"output": omitted}
         return response
     if stage.stdout_truncated:
         response.status = "failed"

@@ -15,6 +15,7 @@ from app.db.models import Function, FunctionVersion
 from app.errors import CorralError, ValidationFailed
 from app.functions import artifacts, drivers, outcome, schema
 from app.functions.languages import LANGUAGES, MODULE_ENTRY_POINT, Driver
+from app.invocations import projection
 from app.invocations.limits import limits_for
 from app.schemas.functions import (
     BatchInvokeItem,
@@ -164,7 +165,12 @@ async def invoke(
 
 
 async def _run(
-    services: Services, principal: Principal, target: Target, value: Any, spec: RunSpec
+    services: Services,
+    principal: Principal,
+    target: Target,
+    value: Any,
+    spec: RunSpec,
+    budget: projection.ResponseBudget | None = None,
 ) -> InvokeResponse:
     row = await services.invocations.run(
         principal,
@@ -173,7 +179,10 @@ async def _run(
         function_version_id=target.version.id,
         record=target.record(value),
     )
-    return outcome.invoke_response(row, function=target.name, version=target.version.version)
+    loaded = await projection.load(services.sessions, row, budget)
+    return outcome.invoke_response(
+        row, loaded, function=target.name, version=target.version.version
+    )
 
 
 async def submit(services: Services, principal: Principal, target: Target, value: Any) -> str:
@@ -192,14 +201,17 @@ async def invoke_batch(
     services: Services, principal: Principal, target: Target, values: list[Any]
 ) -> list[BatchInvokeItem]:
     """Every input validated first (one work budget for the batch), then each valid one
-    admitted and run on its own, concurrently; in input order."""
+    admitted and run on its own, concurrently; in input order. Large outputs are included
+    while the answer stays under ``max_batch_response_bytes``."""
+    budget = projection.ResponseBudget(services.settings.max_batch_response_bytes)
 
     async def one(value: Any, refused: CorralError | None) -> BatchInvokeItem:
         try:
             if refused is not None:
                 raise refused
             spec = target.spec(value, principal)
-            return BatchInvokeItem(result=await _run(services, principal, target, value, spec))
+            result = await _run(services, principal, target, value, spec, budget)
+            return BatchInvokeItem(result=result)
         except CorralError as exc:
             details = exc.details if isinstance(exc.details, dict) else None
             if isinstance(exc.details, list):

@@ -29,8 +29,9 @@ reason beginning "lost:", once it has had ``max_attempts``; one that never start
 handed out up to ``max_attempts + NEVER_STARTED_EXTRA`` times.
 
 The leader also records what dead gateways left on their results streams (their
-callers are gone, the outcome is not), forgets long-dead gateways and nodes, and rolls
-usage events up into hourly rollups.
+callers are gone, the outcome is not), forgets long-dead gateways and nodes, rolls
+usage events up into hourly rollups and, every ``retention_seconds``, deletes what has
+outlived its retention (``app.invocations.retention``).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from app.db.writer import BatchWriter
 from app.dispatch.transport import GatewayTransport
 from app.invocations.leader import Election
 from app.invocations.recorder import Recorder
+from app.invocations.retention import Retention, Swept, sweep
 from app.invocations.service import Timing
 from app.metrics import Metrics
 from wire.ids import new_claim
@@ -89,6 +91,7 @@ class Pass:
     adopted: int = 0
     released: int = 0  #: Jobs a dead node had read and not claimed, put back
     rolled_up: int = 0
+    swept: Swept | None = None  #: what the retention sweep deleted, if one ran
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +116,8 @@ class Reconciler:
         metrics: Metrics,
         policy: Policy,
         interval_s: float,
+        retention: Retention | None = None,
+        retention_every_s: float = 60.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._sessions = sessions
@@ -124,6 +129,9 @@ class Reconciler:
         self._policy = policy
         self._interval_s = interval_s
         self._clock = clock
+        self._retention = retention
+        self._retention_every_s = retention_every_s
+        self._swept_at = float("-inf")
         self._dead_since: dict[str, float] = {}
         self._released_at: dict[str, float] = {}
         self.leading = False
@@ -160,6 +168,9 @@ class Reconciler:
         await self._dead_nodes(done)
         async with self._sessions.begin() as session:
             done.rolled_up = await usage.roll_up(session)
+        if self._retention and self._clock() - self._swept_at >= self._retention_every_s:
+            done.swept = await sweep(self._sessions, self._retention, utcnow())
+            self._swept_at = self._clock()
         self._metrics.reconciler.labels("reissued").inc(len(done.reissued))
         self._metrics.reconciler.labels("failed").inc(len(done.failed))
         self._metrics.reconciler.labels("passes").inc()

@@ -1,6 +1,8 @@
 """Admission control: a request runs only inside its tenant's quotas.
 
-In order: the daily CPU budget (else 429 ``cpu_quota_exhausted``); a token from the
+In order: the daily CPU budget (else 429 ``cpu_quota_exhausted``); the storage kept for
+large outputs (else 429 ``storage_quota_exhausted``, until the blob retention frees
+some); a token from the
 executions-per-second bucket, waiting for it if it is due within the admission wait;
 a concurrency slot, waiting in a bounded per-tenant queue up to the admission wait
 (RL clients score a 429 as a failed reward, so queueing is the default). Only past
@@ -16,9 +18,14 @@ from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any
 
-from app.errors import ConcurrencyLimited, CpuQuotaExhausted, RateLimited
+from app.errors import (
+    ConcurrencyLimited,
+    CpuQuotaExhausted,
+    RateLimited,
+    StorageQuotaExhausted,
+)
 from app.quotas.counters import QuotaCounters
-from app.quotas.cpu import CpuUsage, seconds_until_utc_midnight
+from app.quotas.readings import Readings, seconds_until_utc_midnight
 from app.quotas.spec import QuotaLimits
 from wire.ids import new_id
 
@@ -34,6 +41,9 @@ async def _forgiving(release: Coroutine[Any, Any, None], whose: str) -> None:
         log.warning("%s: releasing an admission lease failed (%r); it will expire", whose, exc)
 
 
+MIB = 1024 * 1024
+#: Storage frees as blobs outlive their retention: when to ask again.
+STORAGE_RETRY_AFTER_S = 60.0
 #: A lease outlives its execution by this much before another request may take it.
 LEASE_GRACE_S = 30.0
 
@@ -42,13 +52,13 @@ class Admission:
     def __init__(
         self,
         counters: QuotaCounters,
-        cpu: CpuUsage,
+        readings: Readings,
         *,
         queue_seconds: float,
         queue_depth: int,
     ) -> None:
         self.counters = counters
-        self._cpu = cpu
+        self._readings = readings
         self._queue_s = queue_seconds
         self._depth = queue_depth
 
@@ -58,8 +68,10 @@ class Admission:
     ) -> AsyncIterator[float]:
         """Hold one concurrency slot for the body; yields the seconds spent waiting."""
         started = time.monotonic()
-        if await self._cpu.used_today(tenant_id) >= quota.cpu_seconds_per_day:
+        if await self._readings.cpu_seconds_today(tenant_id) >= quota.cpu_seconds_per_day:
             raise CpuQuotaExhausted(retry_after=seconds_until_utc_midnight())
+        if await self._readings.stored_bytes(tenant_id) >= quota.max_storage_mb * MIB:
+            raise StorageQuotaExhausted(retry_after=STORAGE_RETRY_AFTER_S)
         wait = await self.counters.reserve_token(
             tenant_id,
             rate=quota.executions_per_second,

@@ -32,6 +32,13 @@ class QuotaLimits(BaseModel):
         400, ge=1, le=10_000_000, description="Token-bucket size for executions_per_second."
     )
     cpu_seconds_per_day: float = Field(86_400.0, gt=0, description="CPU time per UTC day.")
+    max_storage_mb: int = Field(
+        1024,
+        ge=1,
+        le=1_048_576,
+        description="Large outputs (parts over 64 KiB) kept for the blob retention; past it "
+        "new executions get 429 storage_quota_exhausted until some expire.",
+    )
     max_memory_mb: int = Field(1024, ge=16, le=1_048_576, description="Memory of one execution.")
     max_wall_seconds: float = Field(
         60.0, gt=0, le=86_400, description="Time limit of one stage (compile or run)."

@@ -24,6 +24,7 @@ from app.errors import NotFound, PayloadTooLarge, UnsupportedMediaType, Validati
 from app.functions import outcome, service
 from app.functions.languages import MAX_CODE_BYTES, MAX_MODULE_BYTES
 from app.http.endpoint import Call, JSONResponseBytes, endpoint
+from app.invocations import projection
 from app.schemas.functions import (
     ALIAS_PATTERN,
     NAME_PATTERN,
@@ -354,7 +355,8 @@ async def get_function_invocation(call: Call) -> InvokeResponse:
         )
     if fn.name != call.path["name"]:
         raise NotFound(f"no invocation {invocation_id!r} of function {call.path['name']!r}")
-    return outcome.invoke_response(row, function=fn.name, version=version.version)
+    loaded = await projection.load(call.services.sessions, row)
+    return outcome.invoke_response(row, loaded, function=fn.name, version=version.version)
 
 
 def _matches(pattern: str, value: str) -> bool:

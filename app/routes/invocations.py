@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from app.db import invocations as repo
 from app.http.endpoint import Call, endpoint
+from app.invocations import projection
 from app.routes.present import invocation_out
 from app.schemas.invocations import InvocationList, InvocationOut, InvocationQuery
 
@@ -22,7 +23,7 @@ async def get_invocation(call: Call) -> InvocationOut:
         row = await repo.get(
             session, tenant_id=call.tenant.tenant_id, invocation_id=call.path["invocation_id"]
         )
-    return invocation_out(row)
+    return invocation_out(row, await projection.load(call.services.sessions, row))
 
 
 @endpoint(
@@ -47,7 +48,7 @@ async def list_invocations(call: Call) -> InvocationList:
             after_row=repo.decode_cursor(q.cursor) if q.cursor else None,
         )
     return InvocationList(
-        invocations=[invocation_out(r) for r in rows],
+        invocations=[invocation_out(r, projection.preview(r)) for r in rows],
         next_cursor=repo.encode_cursor(rows[-1]) if len(rows) == q.limit else None,
     )
 

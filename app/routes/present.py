@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 from app.db.models import Invocation
-from app.invocations.projection import stored_result, timings
+from app.invocations.projection import Projection, timings
 from app.schemas.invocations import InvocationOut
 from app.schemas.run import RunResponse
 
 
-def run_response(row: Invocation) -> RunResponse:
-    return RunResponse(**_fields(row))
+def run_response(row: Invocation, projection: Projection) -> RunResponse:
+    return RunResponse(**_fields(row, projection))
 
 
-def invocation_out(row: Invocation) -> InvocationOut:
+def invocation_out(row: Invocation, projection: Projection) -> InvocationOut:
     return InvocationOut(
-        **_fields(row),
+        **_fields(row, projection),
         kind=row.kind,
         language=row.language,
         runtime=row.runtime,
@@ -24,8 +24,8 @@ def invocation_out(row: Invocation) -> InvocationOut:
     )
 
 
-def _fields(row: Invocation) -> dict[str, object]:
-    result = stored_result(row)
+def _fields(row: Invocation, projection: Projection) -> dict[str, object]:
+    result = projection.result
     return {
         "invocation_id": row.id,
         "status": row.status,
@@ -36,5 +36,6 @@ def _fields(row: Invocation) -> dict[str, object]:
         "run": result.run if result else None,
         "files": result.files if result else {},
         "timings": timings(row),
+        "omitted_outputs": projection.omitted,
         "created_at": row.created_at,
     }

@@ -7,6 +7,7 @@ import asyncio
 from app.auth.principal import Principal
 from app.errors import CorralError
 from app.http.endpoint import Call, endpoint
+from app.invocations import projection
 from app.invocations.limits import limits_for
 from app.routes.present import run_response
 from app.schemas.run import (
@@ -49,7 +50,7 @@ def to_spec(body: RunRequest, principal: Principal) -> RunSpec:
 async def run(call: Call) -> RunResponse:
     principal = call.tenant
     row = await call.services.invocations.run(principal, to_spec(call.body, principal))
-    return run_response(row)
+    return run_response(row, await projection.load(call.services.sessions, row))
 
 
 @endpoint(
@@ -64,13 +65,15 @@ async def run_batch(call: Call) -> BatchRunResponse:
     principal = call.tenant
     body: BatchRunRequest = call.body
     invocations = call.services.invocations
+    sessions = call.services.sessions
+    budget = projection.ResponseBudget(call.services.settings.max_batch_response_bytes)
 
     async def one(request: RunRequest) -> BatchItem:
         try:
             row = await invocations.run(principal, to_spec(request, principal))
         except CorralError as exc:  # each item is admitted and answered on its own
             return BatchItem(error=BatchItemError(code=exc.code, message=exc.message))
-        return BatchItem(result=run_response(row))
+        return BatchItem(result=run_response(row, await projection.load(sessions, row, budget)))
 
     items = await asyncio.gather(*(one(r) for r in body.runs))
     return BatchRunResponse(results=list(items))

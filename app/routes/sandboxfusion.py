@@ -11,8 +11,8 @@ from __future__ import annotations
 from pydantic import RootModel
 
 from app.http.endpoint import Call, endpoint
+from app.invocations import projection
 from app.invocations.limits import grant
-from app.invocations.projection import stored_result
 from app.schemas.sandboxfusion import (
     SfCommandRunResult,
     SfCommandStatus,
@@ -68,7 +68,8 @@ async def run_code(call: Call) -> SfRunCodeResponse:
         limits=granted.limits,
     )
     row = await call.services.invocations.run(principal, spec)
-    response = to_response(stored_result(row), invocation_id=row.id, node_id=row.node_id)
+    loaded = await projection.load(call.services.sessions, row)
+    response = to_response(loaded.result, invocation_id=row.id, node_id=row.node_id)
     response.capped = granted.capped or None
     return response
 

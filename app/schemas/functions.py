@@ -126,6 +126,12 @@ class InvokeResponse(BaseModel):
     logs: str = Field("", description="what the function wrote to stderr (capped)")
     logs_truncated: bool = False
     timings: Timings = Field(default_factory=Timings)
+    omitted_outputs: dict[str, str] = Field(
+        default_factory=dict,
+        description="`output` when this answer leaves out a large output, and why: "
+        "`expired` (kept for the blob retention only) or `batch_response_cap` (a batch "
+        "answer ran out of room; GET the invocation's result for it)",
+    )
 
 
 class AcceptedResponse(BaseModel):

@@ -50,6 +50,14 @@ class RunResponse(BaseModel):
     files: dict[str, str] = Field(default_factory=dict)
     timings: Timings = Field(default_factory=Timings)
     created_at: datetime | None = None
+    omitted_outputs: dict[str, str] = Field(
+        default_factory=dict,
+        description="large parts (run.stdout, compile.stderr, files/<path>) this answer "
+        "shows only the beginning of (a file: not at all), and why: `expired` (kept for "
+        "the blob retention only), `batch_response_cap` (a batch answer ran out of room) or "
+        "`listed` (a list shows previews); GET /v1/invocations/{id} has them whole until "
+        "they expire",
+    )
 
 
 class BatchRunRequest(Strict):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +14,14 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
+from app.db import blobs, tenants, usage
 from app.db import invocations as inv
-from app.db import tenants, usage
 from app.db.engine import make_engine, make_sessionmaker
 from app.db.migrate import upgrade
-from app.db.models import Invocation, UsageEvent, UsageRollup
+from app.db.models import Blob, Invocation, UsageEvent, UsageRollup
+from app.db.outputs import INLINE_BYTES, PREVIEW_CHARS
 from app.db.writer import BatchWriter
+from app.invocations.retention import Retention, sweep
 from app.quotas.spec import QuotaLimits
 from app.settings import Settings
 from wire.execution import RunResult, StageResult, StageStatus
@@ -65,14 +67,16 @@ async def tenant_id(sessions: async_sessionmaker[Any]) -> str:
 NOW = datetime.now(UTC)
 
 
-def create(tenant_id: str, n: int = 1, claim: str = "c1") -> inv.Create:
+def create(
+    tenant_id: str, n: int = 1, claim: str = "c1", request: dict[str, Any] | None = None
+) -> inv.Create:
     return inv.Create(
         invocation_id=f"inv_{n}",
         tenant_id=tenant_id,
         kind="run",
         runtime="fake",
         language="fake",
-        request={},
+        request=request or {},
         claim=claim,
         job='{"placeholder": true}',
     )
@@ -230,3 +234,73 @@ async def test_open_rows_and_their_jobs_for_the_reconciler(
     async with sessions() as session:
         count = await session.scalar(text("SELECT count(*) FROM usage_events"))
     assert count == 1
+
+
+async def stored_blobs(sessions: async_sessionmaker[Any]) -> list[tuple[str, str, str, int]]:
+    async with sessions() as session:
+        found = (await session.scalars(select(Blob).order_by(Blob.invocation_id, Blob.name))).all()
+    return [(b.invocation_id, b.tenant_id, b.name, b.size) for b in found]
+
+
+async def test_large_parts_are_stored_as_blobs_of_the_row_in_its_transaction(
+    writer: BatchWriter, sessions: async_sessionmaker[Any], tenant_id: str
+) -> None:
+    big = "x" * (INLINE_BYTES + 10)
+    await writer.write(create(tenant_id, 1, request={"code": big, "stdin": ""}))
+    for n in (2, 3):
+        await writer.write(create(tenant_id, n))
+    # Two final writes in one batch (the multi-row path), and one whose claim is stale.
+    stored = await asyncio.gather(
+        writer.write(finish(1, stdout=big)),
+        writer.write(finish(2, stdout=big + "y")),
+        writer.write(finish(3, claim="stale", stdout=big)),
+    )
+    assert [s is not None for s in stored] == [True, True, False]
+
+    assert await stored_blobs(sessions) == [
+        ("inv_1", tenant_id, "request.code", len(big)),
+        ("inv_1", tenant_id, "run.stdout", len(big)),
+        ("inv_2", tenant_id, "run.stdout", len(big) + 1),
+    ]
+    first = await row(sessions, 1)
+    assert first.stdout == big[:PREVIEW_CHARS] and first.request["code"] == big[:PREVIEW_CHARS]
+    async with sessions() as session:
+        assert await blobs.used_bytes(session, tenant_id) == 3 * len(big) + 1
+        assert await blobs.used_bytes(session, "ten_other") == 0
+        ids = [ref["id"] for ref in first.result["$blobs"].values()]  # type: ignore[index]
+        assert list((await blobs.fetch(session, ids)).values()) == [big.encode()]
+
+
+async def test_retention_deletes_what_outlived_it_and_nothing_open_or_uncounted(
+    writer: BatchWriter, sessions: async_sessionmaker[Any], tenant_id: str
+) -> None:
+    big = "x" * (INLINE_BYTES + 1)
+    for n in (1, 2):
+        await writer.write(create(tenant_id, n))
+    await writer.write(finish(1, stdout=big))  # inv_2 stays open
+    async with sessions.begin() as session:
+        assert await usage.roll_up(session) == 1
+    await writer.write(create(tenant_id, 3))
+    await writer.write(finish(3))  # its usage event is not rolled up yet
+    keep = Retention(
+        blobs=timedelta(hours=1), invocations=timedelta(days=30), usage_events=timedelta(days=90)
+    )
+
+    nothing = await sweep(sessions, keep, NOW)
+    assert (nothing.blobs, nothing.invocations, nothing.usage_events) == (0, 0, 0)
+
+    later = await sweep(sessions, keep, datetime.now(UTC) + timedelta(hours=2))
+    assert (later.blobs, later.invocations, later.usage_events) == (1, 0, 0)
+    assert await stored_blobs(sessions) == []
+    assert (await row(sessions, 1)).stdout == big[:PREVIEW_CHARS]  # the preview stays
+
+    await writer.write(create(tenant_id, 4))
+    await writer.write(finish(4, stdout=big))
+    much_later = await sweep(sessions, keep, datetime.now(UTC) + timedelta(days=100))
+    assert (much_later.blobs, much_later.invocations, much_later.usage_events) == (0, 3, 1)
+    async with sessions() as session:
+        left = (await session.scalars(select(Invocation.id))).all()
+        unrolled = (await session.scalars(select(UsageEvent.subject_id))).all()
+    assert left == ["inv_2"]  # open: the reconciler's
+    assert sorted(unrolled) == ["inv_3", "inv_4"]  # not counted in the rollups yet: kept
+    assert await stored_blobs(sessions) == []  # inv_4's went with its row

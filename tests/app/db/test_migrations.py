@@ -77,6 +77,7 @@ def test_models_define_the_expected_tables() -> None:
         "sandboxes",
         "usage_events",
         "usage_rollups",
+        "blobs",
     }
     assert expected == MODEL_TABLES
 
@@ -86,7 +87,7 @@ async def test_upgrade_downgrade_upgrade(engine: AsyncEngine) -> None:
 
     await upgrade(engine, "head")
     assert await _tables(engine) == MODEL_TABLES | {"alembic_version"}
-    assert await _revision(engine) == "0003"
+    assert await _revision(engine) == "0004"
 
     await downgrade(engine, "base")
     assert await _tables(engine) == {"alembic_version"}
@@ -94,7 +95,7 @@ async def test_upgrade_downgrade_upgrade(engine: AsyncEngine) -> None:
 
     await upgrade(engine, "head")
     assert await _tables(engine) == MODEL_TABLES | {"alembic_version"}
-    assert await _revision(engine) == "0003"
+    assert await _revision(engine) == "0004"
 
 
 async def test_upgrade_is_idempotent(engine: AsyncEngine) -> None:

@@ -22,10 +22,15 @@ from app.db import tenants, usage
 from app.db.engine import make_engine, make_sessionmaker
 from app.db.migrate import upgrade
 from app.db.models import UsageEvent
-from app.errors import ConcurrencyLimited, CpuQuotaExhausted, RateLimited
+from app.errors import (
+    ConcurrencyLimited,
+    CpuQuotaExhausted,
+    RateLimited,
+    StorageQuotaExhausted,
+)
 from app.quotas.admission import LEASE_GRACE_S, Admission
 from app.quotas.counters import MemoryCounters, QuotaCounters
-from app.quotas.cpu import CpuUsage
+from app.quotas.readings import Readings
 from app.quotas.redis_counters import RedisCounters
 from app.quotas.spec import QuotaLimits
 from wire import keys
@@ -48,14 +53,19 @@ def quota(**overrides: Any) -> QuotaLimits:
     return QUOTA.model_copy(update=overrides)
 
 
-class FakeCpu:
-    """Stands in for CpuUsage: today's CPU-seconds per tenant, set by the test."""
+class FakeReadings:
+    """Stands in for Readings: today's CPU-seconds and the bytes stored per tenant, set by
+    the test."""
 
     def __init__(self) -> None:
         self.used: dict[str, float] = {}
+        self.stored: dict[str, float] = {}
 
-    async def used_today(self, tenant_id: str) -> float:
+    async def cpu_seconds_today(self, tenant_id: str) -> float:
         return self.used.get(tenant_id, 0.0)
+
+    async def stored_bytes(self, tenant_id: str) -> float:
+        return self.stored.get(tenant_id, 0.0)
 
 
 @dataclass
@@ -66,12 +76,12 @@ class Harness:
     active: Callable[[str], Awaitable[int]]
     #: Let ``seconds`` pass as far as lease expiry and token refill are concerned.
     advance: Callable[[float], Awaitable[None]]
-    cpu: FakeCpu
+    readings: FakeReadings
 
     def admission(self, *, queue_seconds: float = 30.0, queue_depth: int = 16) -> Admission:
         return Admission(
             self.counters,
-            self.cpu,  # type: ignore[arg-type]
+            self.readings,  # type: ignore[arg-type]
             queue_seconds=queue_seconds,
             queue_depth=queue_depth,
         )
@@ -111,7 +121,7 @@ async def harness(backend: tuple[str, str | None]) -> AsyncIterator[Harness]:
         async def shift(seconds: float) -> None:
             clock.offset += seconds
 
-        yield Harness(name, memory, memory_active, shift, FakeCpu())
+        yield Harness(name, memory, memory_active, shift, FakeReadings())
         return
 
     redis = Redis.from_url(url, decode_responses=True)
@@ -124,7 +134,7 @@ async def harness(backend: tuple[str, str | None]) -> AsyncIterator[Harness]:
             await asyncio.sleep(seconds)
 
         counters = RedisCounters(redis)
-        yield Harness(name, counters, redis_active, sleep, FakeCpu())
+        yield Harness(name, counters, redis_active, sleep, FakeReadings())
         await counters.close()
     finally:
         await redis.aclose()
@@ -478,11 +488,11 @@ def _seconds_to_utc_midnight() -> float:
 async def test_cpu_budget_exhausted(harness: Harness) -> None:
     admission = harness.admission()
     q = quota(cpu_seconds_per_day=10.0, burst=2, executions_per_second=0.01)
-    harness.cpu.used[TENANT] = 9.99
+    harness.readings.used[TENANT] = 9.99
     async with admission.admit(TENANT, q, wall_seconds=1.0):
         pass
 
-    harness.cpu.used[TENANT] = 10.0
+    harness.readings.used[TENANT] = 10.0
     with pytest.raises(CpuQuotaExhausted) as info:
         async with admission.admit(TENANT, q, wall_seconds=1.0):
             pytest.fail("admitted over the CPU budget")
@@ -491,9 +501,27 @@ async def test_cpu_budget_exhausted(harness: Harness) -> None:
     assert await harness.active(TENANT) == 0
     # Checked before the bucket: the refusal spent none of the two tokens.
     assert await harness.counters.reserve_token(TENANT, rate=0.01, burst=2, max_wait=0) == 0.0
-    harness.cpu.used["other"] = 0.0
+    harness.readings.used["other"] = 0.0
     async with admission.admit("other", q, wall_seconds=1.0):
         pass
+
+
+async def test_storage_quota_refuses_new_work_once_used_up(harness: Harness) -> None:
+    admission = harness.admission()
+    q = quota(max_storage_mb=2, burst=2, executions_per_second=0.01)
+    harness.readings.stored[TENANT] = 2 * 1024 * 1024 - 1
+    async with admission.admit(TENANT, q, wall_seconds=1.0):
+        pass
+
+    harness.readings.stored[TENANT] = 2 * 1024 * 1024
+    with pytest.raises(StorageQuotaExhausted) as info:
+        async with admission.admit(TENANT, q, wall_seconds=1.0):
+            pytest.fail("admitted over the storage quota")
+    assert info.value.code == "storage_quota_exhausted"
+    assert info.value.retry_after >= 1
+    assert await harness.active(TENANT) == 0
+    # Checked before the bucket: the refusal spent no token.
+    assert await harness.counters.reserve_token(TENANT, rate=0.01, burst=2, max_wait=0) == 0.0
 
 
 async def test_cpu_budget_read_from_rollups_and_events_not_rolled_up(tmp_path: Path) -> None:
@@ -521,9 +549,9 @@ async def test_cpu_budget_read_from_rollups_and_events_not_rolled_up(tmp_path: P
                 async with sessions.begin() as session:
                     assert await usage.roll_up(session) == 2
 
-        cpu = CpuUsage(sessions, cache_seconds=0)
-        assert await cpu.used_today(tenant.id) == pytest.approx(2.5)
-        assert await cpu.used_today("ten_nobody") == 0.0
+        cpu = Readings(sessions, cache_seconds=0)
+        assert await cpu.cpu_seconds_today(tenant.id) == pytest.approx(2.5)
+        assert await cpu.cpu_seconds_today("ten_nobody") == 0.0
 
         admission = Admission(MemoryCounters(), cpu, queue_seconds=1, queue_depth=1)
         async with admission.admit(tenant.id, quota(cpu_seconds_per_day=2.6), wall_seconds=1):

@@ -1,0 +1,57 @@
+"""The per-tenant totals quotas are judged against: today's CPU-seconds (from the usage
+rollups) and the bytes of large outputs kept (from the blobs). Both are read from the
+database, the source of truth across every gateway and node, and cached briefly on the
+admission path, so a tenant may overshoot by what it starts within ``cache_seconds``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.db import blobs, usage
+
+
+class Readings:
+    def __init__(self, sessions: async_sessionmaker[Any], *, cache_seconds: float = 1.0) -> None:
+        self._sessions = sessions
+        self._cache_s = cache_seconds
+        self._cache: dict[tuple[str, str], tuple[float, float]] = {}  # -> (read at, value)
+
+    async def cpu_seconds_today(self, tenant_id: str) -> float:
+        """CPU-seconds the tenant used on the current UTC day."""
+
+        async def read(session: AsyncSession) -> float:
+            today = datetime.now(UTC).date()
+            return await usage.cpu_seconds(session, tenant_id=tenant_id, day=today)
+
+        return await self._cached("cpu", tenant_id, read)
+
+    async def stored_bytes(self, tenant_id: str) -> float:
+        """Bytes of the tenant's large outputs kept (``app.db.blobs``)."""
+
+        async def read(session: AsyncSession) -> float:
+            return float(await blobs.used_bytes(session, tenant_id))
+
+        return await self._cached("storage", tenant_id, read)
+
+    async def _cached(
+        self, what: str, tenant_id: str, read: Callable[[AsyncSession], Awaitable[float]]
+    ) -> float:
+        now = time.monotonic()
+        hit = self._cache.get((what, tenant_id))
+        if hit is not None and now - hit[0] < self._cache_s:
+            return hit[1]
+        async with self._sessions() as session:
+            value = await read(session)
+        self._cache[(what, tenant_id)] = (now, value)
+        return value
+
+
+def seconds_until_utc_midnight() -> float:
+    now = datetime.now(UTC)
+    return 86_400.0 - (now.hour * 3600 + now.minute * 60 + now.second + now.microsecond / 1e6)
