@@ -135,3 +135,42 @@ def test_a_burst_of_runaway_cases_is_judged_fairly(
         f"a 1-CPU-second program in the burst: {probe['status']} "
         f"({run['execution_time']:.1f} s, cpu {run['cpu_time']})"
     )
+
+
+ALLOCATE = (
+    "block = bytearray(600 * 1024 * 1024)\n"
+    "block[::4096] = b'x' * len(block[::4096])  # touch every page\n"
+    "a, b = map(int, input().split())\nprint(a + b)"
+)
+
+
+def test_verl_default_memory_limit_of_1024_mb_is_honoured(
+    verl_utils: ModuleType, sandbox_url: str
+) -> None:
+    """verl asks for 1024 MB; a case that needs 600 MB of it passes, nothing capped."""
+    import httpx
+
+    assert score(verl_utils, sandbox_url, ALLOCATE) == [True]
+    body = {"code": ALLOCATE, "language": "python", "stdin": "2 3", "memory_limit_MB": 1024}
+    answer = httpx.post(f"{sandbox_url}/run_code", json=body, timeout=60).json()
+    assert answer["status"] == "Success", answer
+    assert answer["capped"] is None
+
+
+def test_an_operator_cap_below_1024_mb_is_applied_and_said(live_server: Any) -> None:
+    import httpx
+
+    from tests.conftest import free_port, keyless_url
+
+    port = free_port()
+    live_server(
+        runtimes=["nsjail"],
+        default_tenant="default",
+        keyless_port=port,
+        quota={"max_memory_mb": 256},
+    )
+    body = {"code": ALLOCATE, "language": "python", "stdin": "2 3", "memory_limit_MB": 1024}
+    answer = httpx.post(f"{keyless_url(port)}/run_code", json=body, timeout=60).json()
+    assert answer["capped"] == {"memory_mb": {"requested": 1024, "granted": 256}}, answer
+    assert answer["status"] == "Failed", answer  # 600 MB does not fit in 256
+    assert "memory limit of 256 MB" in answer["message"], answer
