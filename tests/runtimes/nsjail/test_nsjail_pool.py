@@ -199,12 +199,12 @@ async def test_close_kills_everything_and_is_idempotent(
     assert len(jails) >= 5
     pids = [pid for jail in jails for pid in (jail.pid, jail.zygote_pid) if pid]
     cgroups = [
-        pathlib.Path(f"/sys/fs/cgroup/{c}/CORRAL/NSJAIL.{jail.zygote_pid}")
+        pathlib.Path(f"/sys/fs/cgroup/{c}/CORRAL/{jail.id}")
         for jail in jails
-        for c in ("memory", "pids", "cpu")
+        for c in ("memory", "pids", "cpu", "cpuacct")
     ]
     assert all(path.exists() for path in cgroups)
-    etc_dir = rt._etc_dir
+    etc_dir = rt.shared_dir
     assert etc_dir is not None and etc_dir.exists()
 
     await rt.close()
