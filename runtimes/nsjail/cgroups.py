@@ -12,6 +12,8 @@ zygote's pid (``for_running_jail``). The handles are in ``runtimes.nsjail.jailcg
 from __future__ import annotations
 
 import logging
+import re
+import time
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -54,7 +56,8 @@ class CgroupSetup:
         return flags
 
     def ensure_parents(self) -> None:
-        """Create the v1 parent cgroups (v2 needs none)."""
+        """Create the v1 parent cgroups (v2 needs none), and remove the groups of jails
+        a node that died could not remove (``sweep``)."""
         if self.mode is not CgroupMode.V1:
             return
         for mount in (self.memory, self.pids, self.cpu, self.cpuacct):
@@ -64,6 +67,7 @@ class CgroupSetup:
                 (mount / self.parent).mkdir(exist_ok=True)
             except OSError as exc:
                 raise CgroupError(f"cannot create cgroup {mount / self.parent}: {exc}") from exc
+            sweep(mount / self.parent)
 
     def for_new_jail(
         self, name: str, *, memory_bytes: int, pids: int, cpu_ms_per_sec: int
@@ -94,6 +98,33 @@ class CgroupSetup:
             return None
         assert self.root is not None
         return V2JailCgroup.of_pid(self.root, zygote_pid)
+
+
+#: a jail's group name (``Jail.id``)
+_JAIL_GROUP = re.compile(r"[0-9a-f]{12}")
+#: groups younger than this may belong to a jail another runtime is starting right now
+SWEEP_AFTER_S = 3600.0
+
+
+def sweep(parent: Path) -> None:
+    """Remove the jail groups under ``parent`` that are empty and older than
+    ``SWEEP_AFTER_S``: a node that was killed leaves its jails' groups behind (nsjail
+    removes nothing it did not make). A group with a process in it cannot be removed."""
+    now = time.time()
+    try:
+        groups = [p for p in parent.iterdir() if p.is_dir() and _JAIL_GROUP.fullmatch(p.name)]
+    except OSError:
+        return
+    for group in groups:
+        try:
+            if now - group.stat().st_mtime < SWEEP_AFTER_S:
+                continue
+            if (group / "cgroup.procs").read_text().strip():
+                continue
+            group.rmdir()
+            logger.info("removed the cgroup %s of a jail that is gone", group)
+        except OSError:
+            continue
 
 
 def _cgroup_mounts() -> tuple[dict[str, Path], Path | None]:

@@ -160,9 +160,11 @@ class Jail:
                 start_new_session=True,
                 pass_fds=(cpu_fd,) if cpu_fd is not None else (),
             )
-        except OSError as exc:
-            await self.kill()
-            raise JailStartError(f"cannot execute nsjail {argv[0]}: {exc}") from exc
+        except BaseException as exc:
+            await self.kill()  # removes the groups made above (a cancelled start too)
+            if isinstance(exc, OSError):
+                raise JailStartError(f"cannot execute nsjail {argv[0]}: {exc}") from exc
+            raise
         finally:
             if cpu_fd is not None:
                 os.close(cpu_fd)
