@@ -52,18 +52,33 @@ async def bench_pool(runtime: NsjailRuntime, n: int) -> dict[str, Any]:
 async def bench_one_shot(command: JailCommand, python: str, n: int) -> dict[str, Any]:
     samples: list[float] = []
     for i in range(n):
-        argv = command.one_shot_argv(
-            hostname=f"oneshot-{i}", command=[python, "-I", "-c", "print(1)"], memory_mb=512
-        )
         started = time.perf_counter()
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL,
-            env={"PATH": "/usr/bin:/bin"},
+        # the same walls as a pool jail: its own cgroups (v1: made by the host, nsjail
+        # started inside them), made and removed per call
+        cgroup = command.cgroups.for_new_jail(
+            f"oneshot-{os.getpid()}-{i}",
+            memory_bytes=512 << 20,
+            pids=64,
+            cpu_ms_per_sec=command.config.cpu_ms_per_sec,
         )
-        out, _ = await proc.communicate()
+        try:
+            argv = command.one_shot_argv(
+                hostname=f"oneshot-{i}",
+                command=[python, "-I", "-c", "print(1)"],
+                memory_mb=512,
+                join_cgroups=cgroup.procs_files() if cgroup is not None else (),
+            )
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL,
+                env={"PATH": "/usr/bin:/bin"},
+            )
+            out, _ = await proc.communicate()
+        finally:
+            if cgroup is not None:
+                cgroup.remove()
         samples.append((time.perf_counter() - started) * 1000)
         if out != b"1\n" or proc.returncode != 0:
             raise RuntimeError(f"one-shot jail failed: rc={proc.returncode} out={out!r}")

@@ -5,8 +5,9 @@
 #  * installs, via apt only, the shared library the bundled nsjail binary links against
 #    and the toolchains the jails run (skipping packages that are already installed;
 #    `apt-get update` runs only when something must be installed);
-#  * creates the cgroup v1 parent directories nsjail puts each jail under, when this
-#    host has a v1 hierarchy (pure cgroup v2 hosts need no parent directory).
+#  * creates the cgroup v1 parent directories the runtime puts each jail's groups under
+#    (memory, pids, cpu, cpuacct), when this host has a v1 hierarchy (pure cgroup v2
+#    hosts need no parent directory).
 #
 # Usage: scripts/setup-nsjail.sh            (as root)
 #        CORRAL_NSJAIL_CGROUP_PARENT=NAME scripts/setup-nsjail.sh
@@ -38,7 +39,7 @@ else
     echo "setup-nsjail: packages already installed"
 fi
 
-for controller in memory pids cpu; do
+for controller in memory pids cpu cpuacct; do
     dir="$CGROUP_ROOT/$controller"
     # A v1 hierarchy is a mount of type "cgroup" (v2 is "cgroup2").
     if [[ -d "$dir" ]] && [[ "$(stat -f -c %T "$dir" 2>/dev/null)" == "cgroupfs" ]]; then

@@ -1,16 +1,21 @@
-"""The nsjail FnCall backend: warm per-tenant jails with a forking zygote inside.
+"""The nsjail FnCall backend: warm per-tenant jails with a zygote and a pristine template
+inside.
 
 Importing this package registers the backend as ``"nsjail"``. Modules, one concept each:
 
 * ``config``    tunables (``NsjailConfig``) and their derivation from ``NodeSettings``
-* ``seccomp``   the Kafel seccomp policy
-* ``cgroups``   cgroup v1/v2 detection, nsjail flags, per-jail limits and OOM counter
-* ``command``   the nsjail command line: namespaces, mounts, rlimits
-* ``zygote``    the script that runs as PID 1 in every jail (stdlib-only, Python 3.11)
+* ``seccomp``   the Kafel seccomp policy (an allow-list)
+* ``cgroups``   cgroup v1/v2 detection; how a jail gets its groups
+* ``jailcgroup`` the host's handle on one jail's groups: limits, OOM counter, CPU usage
+* ``sharedfs``  the private tmpfs of generated /etc files and masks every jail binds
+* ``command``   the nsjail command line: namespaces, mounts, masks, rlimits
+* ``zygote``    PID 1 of every jail, its template and the stages' processes (stdlib-only,
+  Python 3.11)
 * ``jail``      one jail process and the framed JSON channel to its zygote
 * ``workers``   jails as workers of the shared pool (``runtimes.pools``): keys, binding
 * ``languages`` toolchains and the per-call stage plan
 * ``request``   checking a RunSpec and building the zygote request
+* ``stagelimits`` per-stage cgroup limits; OOM kills and CPU time charged to a stage
 * ``results``   mapping stage reports to StageResult statuses
 * ``runtime``   ``NsjailRuntime``, the ``Runtime`` implementation
 """

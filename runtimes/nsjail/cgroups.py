@@ -1,28 +1,29 @@
-"""Control groups: which hierarchy this host offers, nsjail's flags for it, and the host's
-handle on one jail's cgroup.
+"""Control groups: which hierarchy this host offers, and how a jail gets its groups.
 
-nsjail creates ``NSJAIL.<pid>`` for each jail (under ``<controller>/<parent>`` on cgroup
-v1, under its own cgroup on v2) and removes it when the jail ends. The host then narrows
-the memory and pids limits per call and reads the OOM-kill counter to tell an OOM death
-from any other SIGKILL.
+cgroup v1 (and hybrid hosts, whose memory, pids and cpu controllers are v1): the host
+creates ``<controller>/<parent>/<jail id>`` for memory, pids, cpu and cpuacct itself and
+starts nsjail inside them (``for_new_jail``; nsjail gets no cgroup flags). Every process
+of the jail is born in its groups, so the jail's cgroup namespace is rooted there
+(``/proc/self/cgroup`` shows ``/``) and ``cpuacct.usage`` counts all of them. cgroup v2:
+nsjail creates ``NSJAIL.<pid>`` (``nsjail_flags``) and the host finds it from the
+zygote's pid (``for_running_jail``). The handles are in ``runtimes.nsjail.jailcgroup``.
 """
 
 from __future__ import annotations
 
-import errno
 import logging
+import re
+import time
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Protocol
 
 from runtimes.nsjail.config import NsjailConfig
+from runtimes.nsjail.jailcgroup import CgroupError, JailCgroup, V1JailCgroup, V2JailCgroup
 
 logger = logging.getLogger(__name__)
 
-
-class CgroupError(RuntimeError):
-    pass
+__all__ = ["CgroupError", "CgroupMode", "CgroupSetup", "JailCgroup", "detect"]
 
 
 class CgroupMode(StrEnum):
@@ -40,59 +41,90 @@ class CgroupSetup:
     memory: Path | None = None  # v1 controller mounts
     pids: Path | None = None
     cpu: Path | None = None
+    cpuacct: Path | None = None  # may be the cpu mount (cpu,cpuacct mounted together)
     root: Path | None = None  # v2 mount
 
     def nsjail_flags(self, *, memory_bytes: int, pids: int, cpu_ms_per_sec: int) -> list[str]:
-        if self.mode is CgroupMode.OFF:
+        """nsjail's cgroup flags: on v2 only (on v1 the host makes the groups)."""
+        if self.mode is not CgroupMode.V2:
             return []
+        assert self.root is not None
         flags = ["--cgroup_mem_max", str(memory_bytes), "--cgroup_pids_max", str(pids)]
-        if self.mode is CgroupMode.V2:
-            assert self.root is not None
-            flags += ["--use_cgroupv2", "--cgroupv2_mount", str(self.root)]
-            if cpu_ms_per_sec:
-                flags += ["--cgroup_cpu_ms_per_sec", str(cpu_ms_per_sec)]
-            return flags
-        assert self.memory is not None and self.pids is not None
-        flags += ["--cgroup_mem_mount", str(self.memory), "--cgroup_mem_parent", self.parent]
-        flags += ["--cgroup_pids_mount", str(self.pids), "--cgroup_pids_parent", self.parent]
-        if cpu_ms_per_sec and self.cpu is not None:
-            flags += ["--cgroup_cpu_mount", str(self.cpu), "--cgroup_cpu_parent", self.parent]
+        flags += ["--use_cgroupv2", "--cgroupv2_mount", str(self.root)]
+        if cpu_ms_per_sec:
             flags += ["--cgroup_cpu_ms_per_sec", str(cpu_ms_per_sec)]
         return flags
 
     def ensure_parents(self) -> None:
-        """Create the v1 parent cgroups nsjail requires (v2 needs none)."""
+        """Create the v1 parent cgroups (v2 needs none), and remove the groups of jails
+        a node that died could not remove (``sweep``)."""
         if self.mode is not CgroupMode.V1:
             return
-        for mount in (self.memory, self.pids, self.cpu):
+        for mount in (self.memory, self.pids, self.cpu, self.cpuacct):
             if mount is None:
                 continue
             try:
                 (mount / self.parent).mkdir(exist_ok=True)
             except OSError as exc:
                 raise CgroupError(f"cannot create cgroup {mount / self.parent}: {exc}") from exc
+            sweep(mount / self.parent)
 
-    def for_jail(self, zygote_pid: int) -> JailCgroup | None:
-        if self.mode is CgroupMode.V1:
-            assert self.memory is not None and self.pids is not None
-            name = f"NSJAIL.{zygote_pid}"
-            return V1JailCgroup(
-                memory=self.memory / self.parent / name,
-                pids=self.pids / self.parent / name,
-                cpu=self.cpu / self.parent / name if self.cpu is not None else None,
-            )
-        if self.mode is CgroupMode.V2:
-            assert self.root is not None
-            return V2JailCgroup.of_pid(self.root, zygote_pid)
-        return None
-
-    def remove_jail(self, zygote_pid: int) -> None:
-        """Remove a jail's v1 cgroups if nsjail could not (best effort)."""
+    def for_new_jail(
+        self, name: str, *, memory_bytes: int, pids: int, cpu_ms_per_sec: int
+    ) -> V1JailCgroup | None:
+        """v1: create the groups of jail ``name`` with its first limits, before nsjail
+        starts in them (None on v2 and without cgroups)."""
         if self.mode is not CgroupMode.V1:
-            return
-        for mount in (self.memory, self.pids, self.cpu):
-            if mount is not None:
-                _rmdir(mount / self.parent / f"NSJAIL.{zygote_pid}")
+            return None
+        assert self.memory is not None and self.pids is not None
+
+        def group(mount: Path | None) -> Path | None:
+            return mount / self.parent / name if mount is not None else None
+
+        memory, pids_group = group(self.memory), group(self.pids)
+        assert memory is not None and pids_group is not None
+        cgroup = V1JailCgroup(
+            memory=memory,
+            pids=pids_group,
+            cpu=group(self.cpu) if cpu_ms_per_sec else None,
+            cpuacct=group(self.cpuacct),
+        )
+        cgroup.create(memory_bytes=memory_bytes, pids=pids, cpu_ms_per_sec=cpu_ms_per_sec)
+        return cgroup
+
+    def for_running_jail(self, zygote_pid: int) -> JailCgroup | None:
+        """v2: the group nsjail made for the jail whose zygote is ``zygote_pid``."""
+        if self.mode is not CgroupMode.V2:
+            return None
+        assert self.root is not None
+        return V2JailCgroup.of_pid(self.root, zygote_pid)
+
+
+#: a jail's group name (``Jail.id``)
+_JAIL_GROUP = re.compile(r"[0-9a-f]{12}")
+#: groups younger than this may belong to a jail another runtime is starting right now
+SWEEP_AFTER_S = 3600.0
+
+
+def sweep(parent: Path) -> None:
+    """Remove the jail groups under ``parent`` that are empty and older than
+    ``SWEEP_AFTER_S``: a node that was killed leaves its jails' groups behind (nsjail
+    removes nothing it did not make). A group with a process in it cannot be removed."""
+    now = time.time()
+    try:
+        groups = [p for p in parent.iterdir() if p.is_dir() and _JAIL_GROUP.fullmatch(p.name)]
+    except OSError:
+        return
+    for group in groups:
+        try:
+            if now - group.stat().st_mtime < SWEEP_AFTER_S:
+                continue
+            if (group / "cgroup.procs").read_text().strip():
+                continue
+            group.rmdir()
+            logger.info("removed the cgroup %s of a jail that is gone", group)
+        except OSError:
+            continue
 
 
 def _cgroup_mounts() -> tuple[dict[str, Path], Path | None]:
@@ -106,7 +138,7 @@ def _cgroup_mounts() -> tuple[dict[str, Path], Path | None]:
                 continue
             mount_point, fstype, options = fields[1], fields[2], fields[3].split(",")
             if fstype == "cgroup":
-                for controller in ("memory", "pids", "cpu"):
+                for controller in ("memory", "pids", "cpu", "cpuacct"):
                     if controller in options:
                         v1.setdefault(controller, Path(mount_point))
             elif fstype == "cgroup2":
@@ -127,159 +159,10 @@ def detect(config: NsjailConfig) -> CgroupSetup:
             memory=v1["memory"],
             pids=v1["pids"],
             cpu=v1.get("cpu"),
+            cpuacct=v1.get("cpuacct"),
         )
     if want in ("auto", "v2") and v2 is not None:
         controllers = (v2 / "cgroup.controllers").read_text().split()
         if "memory" in controllers and "pids" in controllers:
             return CgroupSetup(CgroupMode.V2, config.cgroup_parent, root=v2)
     return CgroupSetup(CgroupMode.OFF, config.cgroup_parent)
-
-
-class JailCgroup(Protocol):
-    def set_limits(self, *, memory_bytes: int, pids: int) -> None: ...
-
-    def oom_kills(self) -> int | None: ...
-
-    def memory_bytes(self) -> int | None: ...
-
-    def remove(self) -> None: ...
-
-
-def _write(path: Path, value: str) -> None:
-    with open(path, "w") as f:
-        f.write(value)
-
-
-def _read_counter(path: Path, key: str) -> int | None:
-    try:
-        with open(path) as f:
-            for line in f:
-                name, _, value = line.partition(" ")
-                if name == key:
-                    return int(value)
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-def _read_int(path: Path) -> int | None:
-    try:
-        return int(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _rmdir(path: Path | None) -> None:
-    if path is None:
-        return
-    try:
-        path.rmdir()
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        logger.warning("cannot remove cgroup %s: %s", path, exc)
-
-
-class V1JailCgroup:
-    def __init__(self, *, memory: Path, pids: Path, cpu: Path | None) -> None:
-        self.memory = memory
-        self.pids = pids
-        self.cpu = cpu
-        self._memory_bytes: int | None = None
-        self._pids: int | None = None
-        if not memory.is_dir() or not pids.is_dir():
-            raise CgroupError(f"jail cgroup {memory} or {pids} does not exist")
-        self._memsw = (memory / "memory.memsw.limit_in_bytes").exists()
-        try:
-            # the limit nsjail set; the order of the memsw/memory writes depends on it
-            self._memory_bytes = int((memory / "memory.limit_in_bytes").read_text())
-        except (OSError, ValueError) as exc:
-            raise CgroupError(f"cannot read the memory limit of {memory}: {exc}") from exc
-
-    def set_limits(self, *, memory_bytes: int, pids: int) -> None:
-        try:
-            if memory_bytes != self._memory_bytes:
-                growing = self._memory_bytes is None or memory_bytes > self._memory_bytes
-                if self._memory_bytes is None:  # unknown after a failed write: re-read it
-                    current = int((self.memory / "memory.limit_in_bytes").read_text())
-                    growing = memory_bytes > current
-                # v1 keeps limit <= memsw limit: raise memsw first, lower it last
-                order = ("memory.memsw.limit_in_bytes", "memory.limit_in_bytes")
-                for name in order if growing else reversed(order):
-                    if name.startswith("memory.memsw") and not self._memsw:
-                        continue
-                    _write(self.memory / name, str(memory_bytes))
-                self._memory_bytes = memory_bytes
-            if pids != self._pids:
-                _write(self.pids / "pids.max", str(pids))
-                self._pids = pids
-        except (OSError, ValueError) as exc:
-            self._memory_bytes = self._pids = None
-            raise CgroupError(f"cannot set limits on {self.memory}: {exc}") from exc
-
-    def oom_kills(self) -> int | None:
-        return _read_counter(self.memory / "memory.oom_control", "oom_kill")
-
-    def memory_bytes(self) -> int | None:
-        """Memory the jail uses now (tmpfs pages included)."""
-        return _read_int(self.memory / "memory.usage_in_bytes")
-
-    def remove(self) -> None:
-        for path in (self.memory, self.pids, self.cpu):
-            _rmdir(path)
-
-
-class V2JailCgroup:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._memory_bytes: int | None = None
-        self._pids: int | None = None
-
-    @classmethod
-    def of_pid(cls, root: Path, pid: int) -> V2JailCgroup:
-        try:
-            with open(f"/proc/{pid}/cgroup") as f:
-                for line in f:
-                    if line.startswith("0::"):
-                        return cls(root / line[3:].strip().lstrip("/"))
-        except OSError as exc:
-            raise CgroupError(f"cannot read the cgroup of pid {pid}: {exc}") from exc
-        raise CgroupError(f"pid {pid} is in no cgroup v2 group")
-
-    def set_limits(self, *, memory_bytes: int, pids: int) -> None:
-        try:
-            if memory_bytes != self._memory_bytes:
-                _write(self.path / "memory.max", str(memory_bytes))
-                try:
-                    _write(self.path / "memory.swap.max", "0")
-                except OSError as exc:
-                    if exc.errno != errno.ENOENT:
-                        raise
-                self._memory_bytes = memory_bytes
-            if pids != self._pids:
-                _write(self.path / "pids.max", str(pids))
-                self._pids = pids
-        except OSError as exc:
-            self._memory_bytes = self._pids = None
-            raise CgroupError(f"cannot set limits on {self.path}: {exc}") from exc
-
-    def oom_kills(self) -> int | None:
-        return _read_counter(self.path / "memory.events", "oom_kill")
-
-    def memory_bytes(self) -> int | None:
-        """Memory the jail uses now (tmpfs pages included)."""
-        return _read_int(self.path / "memory.current")
-
-    def remove(self) -> None:
-        _rmdir(self.path)
-
-
-def process_count(cgroup: JailCgroup | None) -> int | None:
-    """Tasks in a jail's pids cgroup (diagnostics only)."""
-    if isinstance(cgroup, V1JailCgroup):
-        path = cgroup.pids / "pids.current"
-    elif isinstance(cgroup, V2JailCgroup):
-        path = cgroup.path / "pids.current"
-    else:
-        return None
-    return _read_int(path)

@@ -16,10 +16,12 @@ import signal
 import struct
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from runtimes.nsjail.cgroups import CgroupError, CgroupSetup, JailCgroup
 from runtimes.nsjail.command import JailCommand
+from runtimes.nsjail.jailcgroup import OUTSIDE_NPROC, V1JailCgroup
 
 logger = logging.getLogger(__name__)
 
@@ -122,10 +124,31 @@ class Jail:
     # --- life cycle ----------------------------------------------------------------------
 
     async def start(self, timeout_s: float) -> None:
+        config = self._command.config
+        try:
+            # v1: the jail's groups exist before nsjail, which starts inside them
+            self.cgroup = self._cgroups.for_new_jail(
+                self.id,
+                memory_bytes=self._initial_memory_bytes,
+                pids=config.max_pids_per_jail + OUTSIDE_NPROC,
+                cpu_ms_per_sec=config.cpu_ms_per_sec,
+            )
+        except CgroupError as exc:
+            raise JailStartError(f"jail {self.id} failed to start: {exc}") from exc
+        join: list[Path] = []
+        cpu_fd: int | None = None
+        if isinstance(self.cgroup, V1JailCgroup):
+            join = self.cgroup.procs_files()
+            if self.cgroup.cpu_counter is not None:
+                # the zygote reads the jail's CPU counter itself, at the exact start and
+                # end of each stage, through this read-only descriptor
+                cpu_fd = os.open(self.cgroup.cpu_counter, os.O_RDONLY | os.O_CLOEXEC)
         argv = self._command.argv(
             hostname=self.hostname,
             extra_ro_binds=self._extra_ro_binds,
             initial_memory_bytes=self._initial_memory_bytes,
+            join_cgroups=join,
+            cpu_fd=cpu_fd,
         )
         try:
             self._proc = await asyncio.create_subprocess_exec(
@@ -135,9 +158,16 @@ class Jail:
                 stderr=asyncio.subprocess.PIPE,
                 env={"PATH": "/usr/bin:/bin"},
                 start_new_session=True,
+                pass_fds=(cpu_fd,) if cpu_fd is not None else (),
             )
-        except OSError as exc:
-            raise JailStartError(f"cannot execute nsjail {argv[0]}: {exc}") from exc
+        except BaseException as exc:
+            await self.kill()  # removes the groups made above (a cancelled start too)
+            if isinstance(exc, OSError):
+                raise JailStartError(f"cannot execute nsjail {argv[0]}: {exc}") from exc
+            raise
+        finally:
+            if cpu_fd is not None:
+                os.close(cpu_fd)
         assert self._proc.stderr is not None
         self._stderr_task = asyncio.create_task(self._drain_stderr(self._proc.stderr))
         try:
@@ -165,7 +195,7 @@ class Jail:
 
     def _attach_zygote(self) -> None:
         """Find the zygote's host pid (nsjail's only child), pin it with a pidfd, and
-        open its cgroup."""
+        (v2) find its cgroup."""
         assert self._proc is not None
         parent = self._proc.pid
         zygote = _only_child(parent)
@@ -177,7 +207,8 @@ class Jail:
             raise JailStartError(f"jailed child {zygote} of nsjail {parent} vanished")
         self._zygote_pidfd = pidfd
         self.zygote_pid = zygote
-        self.cgroup = self._cgroups.for_jail(zygote)
+        if self.cgroup is None:
+            self.cgroup = self._cgroups.for_running_jail(zygote)
 
     async def kill(self) -> None:
         """Kill every process of the jail and release its pipes and cgroups.
@@ -197,6 +228,8 @@ class Jail:
                 await self._settling
         proc = self._proc
         if proc is None:
+            if self.cgroup is not None:
+                self.cgroup.remove()
             return
         # SIGKILL to PID 1 of the namespace takes down everything in the jail; nsjail then
         # reaps it, removes the jail's cgroups and exits. Before the zygote is known (a
@@ -241,11 +274,10 @@ class Jail:
                 signal.pidfd_send_signal(self._zygote_pidfd, signal.SIGKILL)
             os.close(self._zygote_pidfd)
             self._zygote_pidfd = None
-        # normally already gone: nsjail removes them
+        # v1: the host's own groups, empty now that nsjail has exited; v2: normally
+        # already gone (nsjail removes them)
         if self.cgroup is not None:
             self.cgroup.remove()
-        elif child is not None:
-            self._cgroups.remove_jail(child)
         logger.debug("jail %s killed (nsjail exit %s)", self.id, proc.returncode)
 
     # --- calls ---------------------------------------------------------------------------

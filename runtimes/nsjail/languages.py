@@ -1,8 +1,8 @@
 """The languages the jails run: how to compile and start each, and the per-call stage plan.
 
-Python runs inside the zygote's already-initialised interpreter (a fork per call); every
-other language is exec'd from a fork of the zygote. A language is offered only when all
-of its binaries exist on this node.
+Python runs in a fork of the jail's template (an already-initialised interpreter); every
+other language is exec'd from one. A language is offered only when all of its binaries
+exist on this node.
 """
 
 from __future__ import annotations
@@ -22,6 +22,10 @@ from wire.execution import RunSpec
 logger = logging.getLogger(__name__)
 
 StageName = Literal["compile", "run"]
+
+#: processes of the jail itself that RLIMIT_NPROC counts with the code's: the zygote
+#: (PID 1) and the template
+JAIL_PROCESSES = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +75,7 @@ BUILTIN: tuple[LanguageSpec, ...] = (
         inprocess_python=True,
         binaries=("/usr/bin/python3",),
         version_argv=("/usr/bin/python3", "--version"),
+        oom_markers=("MemoryError",),
     ),
     LanguageSpec(
         name="cpp",
@@ -213,18 +218,27 @@ class StagePlan:
 
     name: StageName
     argv: tuple[str, ...]
+    #: the stage's time limit as asked (wall clock, or CPU time when cpu_limit_s is set)
     timeout_s: float
     #: cgroup share of this stage (the memory the code may use)
     memory_mb: int
     #: RLIMIT_AS in bytes, or None when the cgroup is the bound
     address_space_bytes: int | None
-    #: RLIMIT_NPROC inside the jail, counting the zygote itself
+    #: RLIMIT_NPROC inside the jail, counting the zygote and the template
     nproc: int
     max_file_bytes: int
     nofile: int
     stdin: bool
     python_source: str | None = None
     oom_markers: tuple[str, ...] = field(default=())
+    #: the wall-clock limit: timeout_s, or its backstop when time is judged on CPU time
+    wall_limit_s: float = 0.0
+    #: the limit on the CPU time of all the stage's processes (time_basis "cpu"), or None
+    cpu_limit_s: float | None = None
+
+    @property
+    def wall_s(self) -> float:
+        return self.wall_limit_s or self.timeout_s
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -232,7 +246,8 @@ class StagePlan:
             "argv": list(self.argv),
             "python": self.python_source,
             "filename": PYTHON_SOURCE,
-            "timeout": self.timeout_s,
+            "timeout": self.wall_s,
+            "cpu_limit_ms": self.cpu_limit_s * 1000 if self.cpu_limit_s is not None else None,
             "as_bytes": self.address_space_bytes,
             "nproc": self.nproc,
             "fsize": self.max_file_bytes,
@@ -249,25 +264,30 @@ def plan(lang: LanguageSpec, spec: RunSpec, config: NsjailConfig) -> list[StageP
     """The stages of one call, in order."""
     limits = spec.limits
     memory_mb = limits.memory_mb
+    # the node's compile memory, lowered by the call's (the gateway caps it at the
+    # tenant's maximum)
+    compile_mb = min(config.compile_memory_mb, limits.compile_memory_mb)
+    cpu_basis = limits.time_basis == "cpu"
     # the jail's own RLIMIT_FSIZE (the work tmpfs size) is the ceiling of any stage's
     fsize_cap = config.work_tmpfs_mb * MIB
     values = {
         "memory_mb": memory_mb,
         # leave the JVM / V8 head-room for code, metaspace and stacks under the cgroup
         "heap_mb": max(16, memory_mb * 3 // 4),
-        "compile_heap_mb": max(64, config.compile_memory_mb * 3 // 4),
+        "compile_heap_mb": max(16, compile_mb * 3 // 4),
     }
     stages: list[StagePlan] = []
     if lang.compile_argv is not None:
-        compile_mb = max(config.compile_memory_mb, memory_mb)
         stages.append(
             StagePlan(
                 name="compile",
                 argv=_fill(lang.compile_argv, values),
                 timeout_s=limits.compile_timeout_s,
+                wall_limit_s=limits.wall_limit(limits.compile_timeout_s),
+                cpu_limit_s=limits.compile_timeout_s if cpu_basis else None,
                 memory_mb=compile_mb,
                 address_space_bytes=compile_mb * MIB if lang.compile_rlimit_as else None,
-                nproc=min(config.compile_max_processes + 1, config.max_pids_per_jail),
+                nproc=min(config.compile_max_processes + JAIL_PROCESSES, config.max_pids_per_jail),
                 max_file_bytes=min(max(limits.max_file_bytes, 64 * MIB), fsize_cap),
                 nofile=max(config.nofile, 256),
                 stdin=False,
@@ -279,9 +299,14 @@ def plan(lang: LanguageSpec, spec: RunSpec, config: NsjailConfig) -> list[StageP
             name="run",
             argv=_fill(lang.run_argv, values),
             timeout_s=limits.run_timeout_s,
+            wall_limit_s=limits.wall_limit(limits.run_timeout_s),
+            cpu_limit_s=limits.run_timeout_s if cpu_basis else None,
             memory_mb=memory_mb,
             address_space_bytes=memory_mb * MIB if lang.run_rlimit_as else None,
-            nproc=min(limits.max_processes + lang.runtime_threads + 1, config.max_pids_per_jail),
+            nproc=min(
+                limits.max_processes + lang.runtime_threads + JAIL_PROCESSES,
+                config.max_pids_per_jail,
+            ),
             max_file_bytes=min(limits.max_file_bytes, fsize_cap),
             nofile=config.nofile,
             stdin=True,

@@ -10,15 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
 from runtimes.base import Runtime
-from runtimes.nsjail import cgroups, command, request, results
+from runtimes.nsjail import cgroups, command, request, results, sharedfs
 from runtimes.nsjail.config import MIB, NsjailConfig
 from runtimes.nsjail.jail import Jail, JailDied, JailError, JailTimeout
 from runtimes.nsjail.languages import StagePlan, detect, probe_version
@@ -45,7 +43,7 @@ class NsjailRuntime(Runtime):
         self._versions: dict[str, str | None] = {}
         self._cgroups: cgroups.CgroupSetup | None = None
         self._command: command.JailCommand | None = None
-        self._etc_dir: Path | None = None
+        self._shared: sharedfs.SharedDir | None = None
         self._pool: Pool[Jail] | None = None
         self._closed = False
 
@@ -77,6 +75,11 @@ class NsjailRuntime(Runtime):
     def pool(self) -> Pool[Jail] | None:
         return self._pool
 
+    @property
+    def shared_dir(self) -> Path | None:
+        """The host directory every jail's generated /etc files and masks come from."""
+        return self._shared.path if self._shared is not None else None
+
     async def start(self) -> None:
         if self._pool is not None or self._closed:
             raise RuntimeError("NsjailRuntime.start() may be called once, before close()")
@@ -102,13 +105,12 @@ class NsjailRuntime(Runtime):
         setup.ensure_parents()
         self._cgroups = setup
         try:
-            self._etc_dir = Path(tempfile.mkdtemp(prefix="corral-nsjail-etc-"))
-            command.write_generated_etc(self._etc_dir)
+            self._shared = sharedfs.create()
             self._command = command.JailCommand(
                 nsjail=binary,
                 config=config,
                 cgroups=setup,
-                etc_dir=self._etc_dir,
+                shared=self._shared,
                 zygote=command.zygote_source(),
             )
             workers = JailWorkers(self._new_jail, start_timeout_s=config.start_timeout_s)
@@ -190,9 +192,9 @@ class NsjailRuntime(Runtime):
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
-        if self._etc_dir is not None:
-            shutil.rmtree(self._etc_dir, ignore_errors=True)
-            self._etc_dir = None
+        if self._shared is not None:
+            self._shared.remove()
+            self._shared = None
 
     # --- internals -----------------------------------------------------------------------
 
@@ -222,7 +224,7 @@ class NsjailRuntime(Runtime):
         limits = StageLimits(
             jail.cgroup, plans, overhead_mb=request.zygote_memory_mb(spec, self.config)
         )
-        budget = sum(stage.timeout_s for stage in plans) + self.config.host_grace_s
+        budget = sum(stage.wall_s for stage in plans) + self.config.host_grace_s
         exec_started = time.perf_counter()
         try:
             limits.enter(0)
@@ -256,6 +258,7 @@ class NsjailRuntime(Runtime):
                 plans,
                 oom_stages=limits.oom_stages,
                 max_output=request.output_cap(spec, self.config),
+                cgroup_cpu_ms=limits.cpu_ms(),
             )
         except (KeyError, TypeError, ValueError) as exc:
             jail.tainted = f"malformed result: {exc}"

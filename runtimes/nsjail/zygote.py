@@ -1,11 +1,30 @@
-"""The zygote: PID 1 of one jail, forking a fresh child for every call.
+"""The zygote: PID 1 of one jail, and the template it forks every call's processes from.
 
 This file is not imported by the host. Its source is handed to the jail's own
-interpreter (``/usr/bin/python3 -I -c SOURCE``, Debian's 3.11), so it uses the standard
-library only and must stay compatible with Python 3.11.
+interpreter (``/usr/bin/python3 -I -c SOURCE [--cpu-fd N]``, Debian's 3.11), so it uses
+the standard library only and must stay compatible with Python 3.11. ``N`` is a read-only
+descriptor of the jail cgroup's CPU counter (v1 ``cpuacct.usage``), passed by the host;
+PID 1 reads it at the start and end of each stage and nobody else holds it.
 
-Protocol, over the zygote's stdin/stdout (moved to private descriptors at start-up):
-every message is a 4-byte big-endian length followed by that many bytes of UTF-8 JSON.
+Three kinds of process run this code in a jail:
+
+* **PID 1** speaks the protocol with the host, writes each call's files, hands each stage
+  to a spare, captures its output, enforces its deadlines, kills and reaps everything the
+  stage left, and wipes the jail after the call. It reads every request, so its memory
+  holds earlier calls' code, input and output: nothing is ever forked from it after
+  start-up.
+* The **template** is forked by PID 1 at start-up, before any request is read, and
+  never receives a byte of one. On PID 1's request it forks a spare, through a courier
+  process that exits at once, so the spare is PID 1's child (PID 1 waits for it, and
+  ``getppid()`` is 1) and the template never learns anything of a call, not even its exit
+  status. Every call therefore starts from the same pristine image: the interpreter and
+  the pre-imported modules.
+* A **spare** holds the child's ends of its pipes and blocks until PID 1 writes its
+  stage to it; then it sets itself up (session, descriptors, rlimits) and runs the
+  Python code in its already-initialised interpreter, or execs the toolchain.
+
+Protocol, over PID 1's stdin/stdout (moved to private descriptors at start-up): every
+message is a 4-byte big-endian length followed by that many bytes of UTF-8 JSON.
 
     zygote -> host  {"op": "ready", "python": "3.11.2", "pid": 1, "vm_bytes": N}
     host -> zygote  {"op": "run", "id": ..., "sources": {...}, "files": {...}, "stdin": "...",
@@ -13,11 +32,16 @@ every message is a 4-byte big-endian length followed by that many bytes of UTF-8
     zygote -> host  {"op": "stage", "id": ..., "index": 1}   before each stage after the first
     host -> zygote  {"op": "go", "id": ...}                 (after moving the cgroup limits)
     zygote -> host  {"op": "result", "id": ..., "stages": [...], "files": {...}, ...}
-    zygote -> host  {"op": "clean", "id": ..., "ok": true}      (work dir and /tmp wiped)
+    zygote -> host  {"op": "clean", "id": ..., "ok": true}   (jail wiped, next spare ready)
 
 End of input makes the zygote exit. Being PID 1 of the jail's PID namespace, it cannot be
 killed by the code it runs (the kernel drops signals to a namespace init that has no
-handler), it adopts every orphan, and ``kill(-1, SIGKILL)`` from it empties the jail.
+handler) and it adopts every orphan. The template can be killed by the code (same uid);
+PID 1 notices and reports the clean-up as failed, and the host replaces the jail.
+
+The status pipe (fd 3 of a spare) reports a failure to start a stage (``X``). It is
+close-on-exec, and the Python path closes it before the code runs: user code never holds
+it, so nothing it writes can turn into a platform error.
 """
 
 from __future__ import annotations
@@ -32,6 +56,7 @@ import os
 import resource
 import select
 import signal
+import socket
 import stat
 import struct
 import sys
@@ -47,8 +72,14 @@ WIPED = ("/tmp", "/dev/shm", BOX)
 STATUS_FD = 3
 CHUNK = 65536
 DRAIN_AFTER_EXIT_S = 2.0
+#: how long PID 1 waits for the template to fork a spare
+TEMPLATE_REPLY_S = 10.0
+#: how often a stage's CPU time is checked against a CPU-time limit
+CPU_TICK_S = 0.05
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+MAX_FD = 1 << 16
 CHILD_ENV = {
-    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "PATH": "/usr/bin:/bin",
     "HOME": "/tmp",
     "LANG": "C.UTF-8",
     "TMPDIR": "/tmp",
@@ -86,6 +117,10 @@ _LIBC: Any = None
 
 class InputError(Exception):
     """The request names a bad path or carries undecodable data."""
+
+
+class TemplateGone(RuntimeError):
+    """The template process died (the code of a stage may kill it: same uid)."""
 
 
 # --- control channel ---------------------------------------------------------------------
@@ -147,12 +182,7 @@ def _setup() -> Channel:
     os.close(devnull)
     # No handlers at all: a namespace init only receives signals it handles, so the
     # code we run cannot signal us. SIGPIPE/SIGXFSZ stay ignored for our own writes.
-    for signum in signal.valid_signals():
-        if signum in (signal.SIGKILL, signal.SIGSTOP):
-            continue
-        action = signal.SIG_IGN if signum in (signal.SIGPIPE, signal.SIGXFSZ) else signal.SIG_DFL
-        with contextlib.suppress(OSError, ValueError):
-            signal.signal(signum, action)
+    _default_signals()
     # Not dumpable: the code we run (same uid) cannot open /proc/1/fd/*, /proc/1/mem.
     global _LIBC
     try:
@@ -168,6 +198,16 @@ def _setup() -> Channel:
         with contextlib.suppress(ImportError):
             __import__(name)
     return channel
+
+
+def _default_signals() -> None:
+    """Every signal at its default action but SIGPIPE and SIGXFSZ, ignored."""
+    for signum in signal.valid_signals():
+        if signum in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        action = signal.SIG_IGN if signum in (signal.SIGPIPE, signal.SIGXFSZ) else signal.SIG_DFL
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(signum, action)
 
 
 def _vm_bytes() -> int:
@@ -312,21 +352,24 @@ def _wipe(root: str) -> None:
             os.unlink(path)
 
 
-# --- the child ---------------------------------------------------------------------------
+# --- the stage's process (a spare, once it has its stage) -----------------------------
 
 
-def _child(stage: dict[str, Any], fds: tuple[int, int, int], vm_base: int) -> NoReturn:
-    """Runs in the forked child once it has its stage; never returns.
+def _child(stage: dict[str, Any], fds: tuple[int, int, int]) -> NoReturn:
+    """Runs in a spare once it has its stage; never returns.
 
-    ``fds`` are the write ends of the stdout, stderr and status pipes.
+    ``fds`` are the write ends of the stdout, stderr and status pipes. A failure before
+    the code runs is reported on the status pipe (``Xsetup:`` or ``Xexec:``), which the
+    code itself never holds: it is close-on-exec, and closed before Python code runs.
     """
+    module: Any = None
     try:
         os.setsid()
         high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 20) for fd in fds]
         for target, fd in enumerate(high, start=1):
             os.dup2(fd, target)
         os.set_inheritable(STATUS_FD, False)
-        os.closerange(STATUS_FD + 1, 1 << 16)
+        os.closerange(STATUS_FD + 1, MAX_FD)
         stdin = os.open(STDIN_FILE if stage.get("stdin") else "/dev/null", os.O_RDONLY)
         if stdin != 0:
             os.dup2(stdin, 0)
@@ -338,31 +381,38 @@ def _child(stage: dict[str, Any], fds: tuple[int, int, int], vm_base: int) -> No
             signal.signal(signal.SIGINT, signal.default_int_handler)
         else:
             signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-        cpu = _cpu_limit(stage)
+        cpu = _cpu_rlimit(stage)
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         resource.setrlimit(resource.RLIMIT_FSIZE, (stage["fsize"], stage["fsize"]))
         resource.setrlimit(resource.RLIMIT_NOFILE, (stage["nofile"], stage["nofile"]))
         resource.setrlimit(resource.RLIMIT_NPROC, (stage["nproc"], stage["nproc"]))
         if stage.get("as_bytes"):
-            limit = stage["as_bytes"] + (vm_base if python else 0)
+            # Python code runs in this interpreter: its own mapping comes on top
+            limit = stage["as_bytes"] + (_vm_bytes() if python else 0)
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        if python:
+            module = _python_main(stage)
     except BaseException as exc:  # report set-up failures as the stage's error
-        _status(f"X{type(exc).__name__}: {exc}")
+        _status(f"Xsetup:{type(exc).__name__}: {exc}")
         os._exit(126)
     if python:
-        _run_python(stage)
+        os.close(STATUS_FD)  # from here on the code runs: it must not hold the status pipe
+        _run_python(stage, module)
     try:
         os.execve(stage["argv"][0], stage["argv"], CHILD_ENV)
     except OSError as exc:
-        _status(f"Xcannot execute {stage['argv'][0]}: {exc.strerror}")
+        _status(f"Xexec:cannot execute {stage['argv'][0]}: {exc.strerror}")
     os._exit(127)
 
 
-def _cpu_limit(stage: dict[str, Any]) -> int:
-    """RLIMIT_CPU: a second beyond the wall clock, so a single busy process always meets
-    the (clearer) wall-clock limit first and CPU time only stops multi-process burners."""
-    return math.ceil(float(stage["timeout"])) + 1
+def _cpu_rlimit(stage: dict[str, Any]) -> int:
+    """RLIMIT_CPU (soft; the hard limit is a second more): a second beyond the stage's
+    time limit (its CPU-time limit when it has one, else its wall clock), so a single
+    busy process always meets the clearer limit first and RLIMIT_CPU is a backstop."""
+    limit_ms = stage.get("cpu_limit_ms")
+    seconds = float(limit_ms) / 1000 if limit_ms is not None else float(stage["timeout"])
+    return math.ceil(seconds) + 1
 
 
 def _status(message: str) -> None:
@@ -370,11 +420,10 @@ def _status(message: str) -> None:
         os.write(STATUS_FD, message.encode("utf-8", "replace")[:4000])
 
 
-def _run_python(stage: dict[str, Any]) -> NoReturn:
-    """Run the user's code in this (forked, already initialised) interpreter."""
-    import atexit
+def _python_main(stage: dict[str, Any]) -> Any:
+    """Make this interpreter the program's: a fresh ``__main__``, argv, environment and
+    standard streams (everything of the run that is ours, before the code runs)."""
     import builtins
-    import traceback
     import types
 
     filename = stage["filename"]
@@ -394,16 +443,22 @@ def _run_python(stage: dict[str, Any]) -> NoReturn:
     for name, stream in streams.items():
         setattr(sys, name, stream)
         setattr(sys, f"__{name}__", stream)
+    return module
+
+
+def _run_python(stage: dict[str, Any], module: Any) -> NoReturn:
+    """Run the user's code as ``__main__`` and exit with its status. A MemoryError is
+    printed like any exception: whether the stage ran out of memory is judged by the
+    host from what the kernel measured, never from what the code says."""
+    import atexit
+    import traceback
+
     code = 0
     try:
-        compiled = compile(stage["python"], path, "exec", dont_inherit=True)
+        compiled = compile(stage["python"], module.__file__, "exec", dont_inherit=True)
         exec(compiled, module.__dict__)
     except SystemExit as exc:
         code = _exit_code(exc)
-    except MemoryError as exc:
-        _status("M")
-        code = 1
-        _print_exception(exc, traceback)
     except KeyboardInterrupt as exc:
         code = 130
         _print_exception(exc, traceback)
@@ -417,9 +472,6 @@ def _run_python(stage: dict[str, Any]) -> NoReturn:
         atexit._run_exitfuncs()
     except SystemExit as exc:
         code = _exit_code(exc)
-    except MemoryError:
-        _status("M")
-        code = 1
     except BaseException as exc:
         _print_exception(exc, traceback)
         code = code or 1
@@ -452,6 +504,178 @@ def _print_exception(exc: BaseException, traceback: Any) -> None:
         traceback.print_exception(type(exc), exc, tb)
     except BaseException:
         pass
+
+
+# --- the template -----------------------------------------------------------------------
+
+
+class Template:
+    """PID 1's handle on the template process (see the module docstring)."""
+
+    def __init__(self) -> None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                mine.close()
+                _template_main(theirs)
+            finally:
+                os._exit(70)
+        theirs.close()
+        self.pid = pid
+        self.pidfd = os.pidfd_open(pid)
+        self.sock = mine
+
+    def alive(self) -> bool:
+        return not select.select([self.pidfd], [], [], 0)[0]
+
+    def keep(self) -> frozenset[int]:
+        """The pids a kill-all must spare: the template's, while it lives."""
+        return frozenset((self.pid,)) if self.alive() else frozenset()
+
+    def fork_spare(self, fds: list[int]) -> int:
+        """A new spare holding ``fds`` (the child's ends of its pipes): its pid. The spare
+        is PID 1's child by the time this returns."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGCONT)  # code may have stopped it
+        try:
+            socket.send_fds(self.sock, [b"spare"], fds)
+            ready, _, _ = select.select([self.sock], [], [], TEMPLATE_REPLY_S)
+            reply = self.sock.recv(256) if ready else None
+        except OSError as exc:
+            raise TemplateGone(f"the template process is gone: {exc}") from exc
+        if reply is None:
+            raise TemplateGone("the template process did not answer")
+        if not reply:
+            raise TemplateGone("the template process is gone")
+        if not reply.startswith(b"pid "):
+            raise OSError(errno.EAGAIN, reply.decode("utf-8", "replace"))
+        return int(reply[4:])
+
+
+def _template_main(sock: socket.socket) -> NoReturn:
+    """The template's life: fork a spare whenever PID 1 asks, until PID 1 is gone."""
+    keep = sock.fileno()
+    os.closerange(3, keep)  # PID 1's control channel and anything else it held
+    os.closerange(keep + 1, MAX_FD)
+    # the code of a stage runs as the same user and may signal us: ignore what can be
+    # ignored (SIGKILL cannot: PID 1 then sees us gone); SIGCHLD stays default so that
+    # couriers can be waited for
+    for signum in signal.valid_signals():
+        if signum not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
+            with contextlib.suppress(OSError, ValueError):
+                signal.signal(signum, signal.SIG_IGN)
+    while True:
+        try:
+            message, fds, _, _ = socket.recv_fds(sock, 64, 8)
+        except OSError:
+            os._exit(71)
+        if not message:
+            os._exit(0)  # PID 1 is gone
+        try:
+            reply = f"pid {_fork_spare(fds, keep)}"
+        except OSError as exc:
+            reply = f"cannot fork a spare: {exc}"
+        finally:
+            for fd in fds:
+                os.close(fd)
+        sock.send(reply.encode())
+
+
+def _fork_spare(fds: list[int], sock_fd: int) -> int:
+    """Fork a courier that forks the spare and exits: the orphaned spare goes to PID 1."""
+    r, w = os.pipe()
+    try:
+        courier = os.fork()
+    except OSError:
+        os.close(r)
+        os.close(w)
+        raise
+    if courier == 0:
+        try:
+            os.close(r)
+            spare = os.fork()
+            if spare == 0:
+                os.close(w)
+                os.close(sock_fd)
+                _spare_main(fds)
+            os.write(w, str(spare).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as pipe:
+        data = pipe.read()
+    os.waitpid(courier, 0)
+    if not data:
+        raise OSError(errno.EAGAIN, "the courier could not fork")
+    return int(data)
+
+
+def _spare_main(fds: list[int]) -> NoReturn:
+    """A spare: wait for the stage on the go pipe, then become the stage's process."""
+    try:
+        _default_signals()  # PID 1's dispositions, not the template's
+        out_w, err_w, st_w, go_r = fds
+        stage = _await_stage(go_r)
+        if stage is not None:
+            _child(stage, (out_w, err_w, st_w))
+    finally:
+        os._exit(126)
+
+
+def _await_stage(fd: int) -> dict[str, Any] | None:
+    parts: list[bytes] = []
+    while chunk := os.read(fd, CHUNK):
+        parts.append(chunk)
+    os.close(fd)
+    if not parts:
+        return None  # PID 1 is gone or dropped this spare
+    stage = json.loads(b"".join(parts))
+    return stage if isinstance(stage, dict) else None
+
+
+class Spare:
+    """PID 1's handle on a spare: forked by the template ahead of time (so the fork is
+    off the call's critical path), blocked until it is handed its stage, used once."""
+
+    def __init__(self, template: Template) -> None:
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        st_r, st_w = os.pipe2(os.O_CLOEXEC)
+        go_r, go_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            self.pid = template.fork_spare([out_w, err_w, st_w, go_r])
+            self.pidfd = os.pidfd_open(self.pid)
+        except BaseException:
+            for fd in (out_r, err_r, st_r, go_w):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (out_w, err_w, st_w, go_r):
+                os.close(fd)
+        self.fds = (out_r, err_r, st_r)
+        self._go = go_w
+
+    def start(self, stage: dict[str, Any]) -> bool:
+        """Hand the stage over; False if the spare is gone (then discard it)."""
+        data = json.dumps(stage).encode()
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._go, view) :]
+        except OSError:
+            return False
+        finally:
+            os.close(self._go)
+        return True
+
+    def discard(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+        for fd in (self.pidfd, *self.fds):
+            os.close(fd)
 
 
 # --- running a stage ---------------------------------------------------------------------
@@ -487,114 +711,120 @@ class Capture:
         return self.data.decode("utf-8", "replace")
 
 
-def _other_processes() -> int:
-    """Live processes in the jail besides us (zombies excluded)."""
-    count = 0
+def _jail_pids(exclude: frozenset[int]) -> list[tuple[int, bytes]]:
+    """(pid, the rest of /proc/pid/stat after the command name) of every process in the
+    jail but PID 1 and ``exclude``."""
+    found: list[tuple[int, bytes]] = []
     for name in os.listdir("/proc"):
-        if not name.isdigit() or name == "1":
+        if not name.isdigit() or name == "1" or int(name) in exclude:
             continue
         try:
             with open(f"/proc/{name}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
+                found.append((int(name), f.read().rsplit(b")", 1)[1]))
         except (OSError, IndexError):
             continue
-        if state != b"Z":
-            count += 1
-    return count
+    return found
 
 
-def _kill_all() -> None:
-    """SIGKILL every process in the jail but us, and reap them all."""
+def _other_processes(exclude: frozenset[int]) -> int:
+    """Live processes in the jail besides PID 1 and ``exclude`` (zombies not counted)."""
+    return sum(1 for _, stat_ in _jail_pids(exclude) if stat_.split()[:1] != [b"Z"])
+
+
+def _jail_cpu_ms(exclude: frozenset[int], reaped_before: float) -> float:
+    """CPU time of the jail's processes (``exclude`` aside) and of everything PID 1 has
+    reaped since ``reaped_before`` was read: each live or dead-but-unreaped process's
+    own time plus its waited-for children's (from /proc), and PID 1's reaped children's."""
+    ticks = 0
+    for _, stat_ in _jail_pids(exclude):
+        with contextlib.suppress(ValueError, IndexError):
+            ticks += sum(int(field) for field in stat_.split()[11:15])
+    return ticks * 1000 / CLK_TCK + _reaped_cpu_ms() - reaped_before
+
+
+def _reaped_cpu_ms() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (usage.ru_utime + usage.ru_stime) * 1000
+
+
+def _self_cpu_ms() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return (usage.ru_utime + usage.ru_stime) * 1000
+
+
+def _kill_all(keep: frozenset[int]) -> None:
+    """SIGKILL every process in the jail but PID 1 and ``keep`` (the template), and reap
+    them all. Processes are listed from /proc and killed one by one (``kill(-1)`` would
+    take the template too), again until none is left: what a dying process forked in
+    between is found on the next round; the jail's pids limit bounds the rounds."""
     deadline = time.monotonic() + 5.0
     while True:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(-1, signal.SIGKILL)
+        others = _jail_pids(keep)
+        for pid, _ in others:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         while True:
             try:
                 pid, _ = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
-                return
+                break
             if pid == 0:
                 break
+        if not others:
+            return
         if time.monotonic() > deadline:
             raise RuntimeError("processes survive SIGKILL")
         time.sleep(0.0005)
 
 
-class Spare:
-    """A child forked ahead of time from the idle zygote (so the fork is off the call's
-    critical path), blocked until it is handed its stage, then used exactly once."""
-
-    def __init__(self, vm_base: int) -> None:
-        out_r, out_w = os.pipe2(os.O_CLOEXEC)
-        err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        st_r, st_w = os.pipe2(os.O_CLOEXEC)
-        go_r, go_w = os.pipe2(os.O_CLOEXEC)
-        pid = os.fork()
-        if pid == 0:
-            try:
-                for fd in (out_r, err_r, st_r, go_w):
-                    os.close(fd)
-                stage = _await_stage(go_r)
-                if stage is not None:
-                    _child(stage, (out_w, err_w, st_w), vm_base)
-            finally:
-                os._exit(126)
-        for fd in (out_w, err_w, st_w, go_r):
-            os.close(fd)
-        self.pid = pid
-        self.pidfd = os.pidfd_open(pid)
-        self.fds = (out_r, err_r, st_r)
-        self._go = go_w
-
-    def start(self, stage: dict[str, Any]) -> bool:
-        """Hand the stage over; False if the spare is gone (then discard it)."""
-        data = json.dumps(stage).encode()
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(self._go, view) :]
-        except OSError:
-            return False
-        finally:
-            os.close(self._go)
-        return True
-
-    def discard(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(self.pid, 0)
-        for fd in (self.pidfd, *self.fds):
-            os.close(fd)
-
-
-def _await_stage(fd: int) -> dict[str, Any] | None:
-    parts: list[bytes] = []
-    while chunk := os.read(fd, CHUNK):
-        parts.append(chunk)
-    os.close(fd)
-    if not parts:
-        return None  # the zygote is gone or dropped this spare
-    stage = json.loads(b"".join(parts))
-    return stage if isinstance(stage, dict) else None
-
-
-def _launch(stage: dict[str, Any], spare: Spare | None, vm_base: int) -> Spare:
-    """A child running ``stage``: the given spare, or a fresh fork if it is unusable."""
+def _launch(
+    stage: dict[str, Any], spare: Spare | None, template: Template, cpu_fd: int | None
+) -> tuple[Spare, int | None, float]:
+    """A process running ``stage`` (the given spare, or a fresh one if it is unusable),
+    and the jail's CPU counter and PID 1's own CPU time read just before it started."""
     for candidate in (spare, None):
-        child = candidate if candidate is not None else Spare(vm_base)
+        child = candidate if candidate is not None else Spare(template)
+        cpu_mark, self_mark = _cgroup_cpu_ns(cpu_fd), _self_cpu_ms()
         if child.start(stage):
-            return child
+            return child, cpu_mark, self_mark
         child.discard()
     raise RuntimeError("cannot start a child")
 
 
+def _cgroup_cpu_ns(fd: int | None) -> int | None:
+    """The jail cgroup's CPU time (ns), read through the descriptor the host passed."""
+    if fd is None:
+        return None
+    try:
+        return int(os.pread(fd, 64, 0))
+    except (OSError, ValueError):
+        return None
+
+
 def run_stage(
-    stage: dict[str, Any], max_output: int, vm_base: int, spare: Spare | None = None
+    stage: dict[str, Any],
+    index: int,
+    max_output: int,
+    template: Template,
+    spare: Spare | None = None,
+    cpu_since: float | None = None,
+    cpu_fd: int | None = None,
 ) -> dict[str, Any]:
+    """Run one stage to its end and report it. ``stage["timeout"]`` is its wall-clock
+    limit; ``stage["cpu_limit_ms"]``, when set, a limit on the CPU time of all of its
+    processes, checked every ``CPU_TICK_S``. ``cpu_since``: PID 1's own CPU time when its
+    work for this stage began (``zygote_cpu_ms`` is what it spent since). ``cpu_fd``: the
+    jail's cgroup CPU counter; with it the report's ``cgroup_cpu_ms`` is the CPU time of
+    the stage's processes, from just before the stage started to after the last of them
+    was reaped, PID 1's own share left out."""
+    self_before = _self_cpu_ms() if cpu_since is None else cpu_since
+    keep = template.keep()
+    reaped_before = _reaped_cpu_ms()
+    try:
+        child, cgroup_before, self_mark = _launch(stage, spare, template, cpu_fd)
+    except (TemplateGone, OSError) as exc:
+        return _unstarted(stage, index, f"cannot fork its process: {exc}")
     started = time.monotonic()
-    child = _launch(stage, spare, vm_base)
     pid, pidfd = child.pid, child.pidfd
     out_r, err_r, st_r = child.fds
     captures = [Capture(out_r, max_output), Capture(err_r, max_output), Capture(st_r, 4096)]
@@ -604,15 +834,22 @@ def run_stage(
     for capture in captures:
         poller.register(capture.fd, select.POLLIN)
     deadline = started + float(stage["timeout"])
-    timed_out = False
-    exited = False
+    cpu_limit = stage.get("cpu_limit_ms")
+    next_cpu_check = started + CPU_TICK_S
+    timed_out = cpu_exceeded = exited = False
     try:
         while not exited:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            now = time.monotonic()
+            if now >= deadline:
                 timed_out = True
                 break
-            for fd, _ in poller.poll(max(1, int(remaining * 1000 + 1))):
+            if cpu_limit is not None and now >= next_cpu_check:
+                next_cpu_check = now + CPU_TICK_S
+                if _jail_cpu_ms(keep, reaped_before) >= float(cpu_limit):
+                    cpu_exceeded = True
+                    break
+            wait = deadline - now if cpu_limit is None else min(deadline, next_cpu_check) - now
+            for fd, _ in poller.poll(max(1, int(wait * 1000 + 1))):
                 if fd == pidfd:
                     exited = True
                     continue
@@ -620,14 +857,14 @@ def run_stage(
                 capture.read()
                 if not capture.open:
                     poller.unregister(fd)
-        if timed_out:
+        if timed_out or cpu_exceeded:
             for target in (-pid, pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(target, signal.SIGKILL)
         _, status, usage = os.wait4(pid, 0)
         wall_ms = (time.monotonic() - started) * 1000
-        leftover = _other_processes()
-        _kill_all()
+        leftover = _other_processes(keep)
+        _kill_all(keep)
         # every writer is dead now: whatever is in the pipes ends with EOF
         drain_deadline = time.monotonic() + DRAIN_AFTER_EXIT_S
         while any(c.open for c in captures) and time.monotonic() < drain_deadline:
@@ -649,25 +886,67 @@ def run_stage(
         "stdout_truncated": captures[0].truncated,
         "stderr_truncated": captures[1].truncated,
         "wall_ms": wall_ms,
+        # the stage's process and the descendants it waited for; the host charges the
+        # jail's cgroup instead, which counts every process
         "cpu_ms": (usage.ru_utime + usage.ru_stime) * 1000,
+        "zygote_cpu_ms": _self_cpu_ms() - self_before,
+        "cgroup_cpu_ms": None,
         "maxrss_kb": usage.ru_maxrss,
         "timed_out": timed_out,
-        "cpu_limit_s": _cpu_limit(stage),
-        "memory_error": False,
+        "cpu_exceeded": cpu_exceeded,
+        "cpu_limit_s": _cpu_rlimit(stage),
         "error": None,
+        "start_failure": None,
         "leftover": leftover,
     }
+    cgroup_after = _cgroup_cpu_ns(cpu_fd)
+    if cgroup_before is not None and cgroup_after is not None:
+        own_ms = _self_cpu_ms() - self_mark
+        report["cgroup_cpu_ms"] = max(0.0, (cgroup_after - cgroup_before) / 1e6 - own_ms)
     note = bytes(captures[2].data).decode("utf-8", "replace")
-    if note.startswith("M"):
-        report["memory_error"] = True
-    elif note.startswith("X"):
-        report["error"] = note[1:]
+    if note.startswith("X"):
+        kind, _, message = note[1:].partition(":")
+        # the first stage starts before any of the call's code has run; a later one may
+        # fail to start because of what an earlier stage's code did (removed the work
+        # dir, built a ./main that cannot be executed): that is the code's failure, unless
+        # a toolchain (an absolute path) could not be executed
+        toolchain = kind == "exec" and str(stage["argv"][0]).startswith("/")
+        report["error" if index == 0 or toolchain else "start_failure"] = message
     return report
 
 
+def _unstarted(stage: dict[str, Any], index: int, failure: str) -> dict[str, Any]:
+    """The report of a stage whose process could not be forked: the platform's failure
+    in the first stage (nothing of the call has run yet), the code's in a later one (an
+    earlier stage's code may have killed the template)."""
+    return {
+        "name": stage["name"],
+        "exit_code": None if index == 0 else 126,
+        "signal": None,
+        "stdout": "",
+        "stderr": "",
+        "wall_ms": 0.0,
+        "cpu_ms": 0.0,
+        "zygote_cpu_ms": 0.0,
+        "cgroup_cpu_ms": None,
+        "maxrss_kb": 0,
+        "timed_out": False,
+        "cpu_exceeded": False,
+        "cpu_limit_s": _cpu_rlimit(stage),
+        "error": failure if index == 0 else None,
+        "start_failure": failure if index else None,
+        "leftover": 0,
+    }
+
+
 def handle(
-    request: dict[str, Any], vm_base: int, channel: Channel, spare: Spare | None
+    request: dict[str, Any],
+    channel: Channel,
+    template: Template,
+    spare: Spare | None,
+    cpu_fd: int | None = None,
 ) -> dict[str, Any]:
+    cpu_since = _self_cpu_ms()
     result: dict[str, Any] = {"op": "result", "id": request.get("id"), "stages": []}
     try:
         _prepare(request)
@@ -689,11 +968,21 @@ def handle(
             go = channel.recv()
             if not go or go.get("op") != "go" or go.get("id") != request.get("id"):
                 raise ValueError(f"expected 'go' for stage {index}, got {go!r}")
-        report = run_stage(stage, int(request["max_output"]), vm_base, spare)
+            cpu_since = _self_cpu_ms()
+        report = run_stage(
+            stage,
+            index,
+            int(request["max_output"]),
+            template,
+            spare,
+            cpu_since=cpu_since,
+            cpu_fd=cpu_fd,
+        )
         spare = None
         leftover += report["leftover"]
         result["stages"].append(report)
-        if report["error"] or report["timed_out"] or report["exit_code"] != 0:
+        failed = report["error"] or report["start_failure"] or report["exit_code"] != 0
+        if failed or report["timed_out"] or report["cpu_exceeded"]:
             break
     result["leftover"] = leftover
     files, notes = _fetch(list(request.get("fetch", [])), int(request.get("max_fetch", 0)))
@@ -702,16 +991,24 @@ def handle(
     return result
 
 
+def _arguments(argv: list[str]) -> int | None:
+    """``--cpu-fd N``: the descriptor of the jail's cgroup CPU counter, if passed."""
+    if "--cpu-fd" in argv:
+        return int(argv[argv.index("--cpu-fd") + 1])
+    return None
+
+
 def main() -> None:
+    cpu_fd = _arguments(sys.argv)
     channel = _setup()
-    vm_base = _vm_bytes()
-    spare: Spare | None = Spare(vm_base)
+    template = Template()  # before any request: the pristine image every call forks from
+    spare: Spare | None = Spare(template)
     channel.send(
         {
             "op": "ready",
             "python": "{}.{}.{}".format(*sys.version_info[:3]),
             "pid": os.getpid(),
-            "vm_bytes": vm_base,
+            "vm_bytes": _vm_bytes(),
         }
     )
     while True:
@@ -722,7 +1019,7 @@ def main() -> None:
             raise ValueError(f"unknown op {request.get('op')!r}")
         invocation = request.get("id")
         try:
-            result = handle(request, vm_base, channel, spare)
+            result = handle(request, channel, template, spare, cpu_fd)
         finally:
             spare = None
             del request
@@ -730,18 +1027,29 @@ def main() -> None:
         del result
         ok = True
         try:
-            _kill_all()
+            _kill_all(template.keep())
             for root in WIPED:
                 os.chmod(root, 0o1777)  # the code may have locked us out of our own dirs
                 _wipe(root)
             _remove_sysv_ipc()
+            if not template.alive():
+                raise TemplateGone("the template process is gone (killed by the code?)")
+            if cpu_fd is None:
+                # the host reads the cgroup around the next call's stages: fork its
+                # process now, so that the fork's CPU time is nobody's
+                spare = Spare(template)
         except Exception as exc:
             sys.stderr.write(f"zygote: cleanup after {invocation} failed: {exc}\n")
             ok = False
         channel.send({"op": "clean", "id": invocation, "ok": ok})
         if not ok:
             return
-        spare = Spare(vm_base)  # while the host has nothing for us
+        if spare is None:
+            # while the host has nothing for us: off the next call's critical path (its
+            # CPU time is measured from just before its stage starts); should this fail,
+            # the next stage forks its own and reports why it could not
+            with contextlib.suppress(TemplateGone, OSError):
+                spare = Spare(template)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import os
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -91,7 +92,7 @@ async def test_python_is_a_normal_main_module(run: RunFn, all_languages: NsjailR
     assert env == str(
         sorted(
             {
-                "PATH": "/usr/local/bin:/usr/bin:/bin",
+                "PATH": "/usr/bin:/bin",
                 "HOME": "/tmp",
                 "LANG": "C.UTF-8",
                 "TMPDIR": "/tmp",
@@ -194,3 +195,40 @@ async def test_unwritable_input_files_are_a_stage_error(
     assert "cannot write the input files" in (result.run.message or "")
     again = await run(all_languages, "print(1)")
     assert again.run is not None and again.run.ok
+
+
+async def test_a_program_that_cannot_be_executed_is_the_codes_failure(
+    run: RunFn, all_languages: NsjailRuntime
+) -> None:
+    # the compile stage builds a library, not a program: the run stage cannot execute
+    # ./main; that is the code's doing, not a platform error
+    if "rust" not in {info.name for info in all_languages.languages()}:
+        missing("rustc is not installed (scripts/setup-nsjail.sh)")
+    result = await run(all_languages, '#![crate_type = "lib"]\npub fn f() {}\n', language="rust")
+    assert result.error is None
+    assert result.compile is not None and result.compile.ok, result.compile
+    assert result.run is not None and result.run.status is StageStatus.FINISHED, result.run
+    assert result.run.exit_code == 127
+    assert "cannot execute ./main" in (result.run.message or "")
+
+
+COUNT_CPUS = {
+    "python": "import os, multiprocessing\nprint(os.cpu_count(), multiprocessing.cpu_count())",
+    "nodejs": "const os = require('os');\nconsole.log(os.cpus().length, os.availableParallelism())",
+    "java": (
+        "public class Main { public static void main(String[] a) {\n"
+        'int n = Runtime.getRuntime().availableProcessors(); System.out.println(n + " " + n); } }'
+    ),
+}
+
+
+@pytest.mark.parametrize("language", sorted(COUNT_CPUS))
+async def test_runtimes_still_count_the_cpus_behind_the_masked_proc(
+    run: RunFn, all_languages: NsjailRuntime, language: str
+) -> None:
+    # /proc/stat is covered by a copy whose counters are zero but whose CPU lines remain
+    if language not in {info.name for info in all_languages.languages()}:
+        missing(f"the {language} toolchain is not installed (scripts/setup-nsjail.sh)")
+    result = await run(all_languages, COUNT_CPUS[language], language=language)
+    assert result.run is not None and result.run.ok, result
+    assert result.run.stdout.split() == [str(len(os.sched_getaffinity(0)))] * 2

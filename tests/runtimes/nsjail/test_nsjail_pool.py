@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from runtimes.nsjail import NsjailRuntime
+from runtimes.nsjail import NsjailConfig, NsjailRuntime, cgroups
 from wire.messages import pool_key
 
 pytestmark = [pytest.mark.nsjail, pytest.mark.asyncio(loop_scope="module")]
@@ -199,12 +199,12 @@ async def test_close_kills_everything_and_is_idempotent(
     assert len(jails) >= 5
     pids = [pid for jail in jails for pid in (jail.pid, jail.zygote_pid) if pid]
     cgroups = [
-        pathlib.Path(f"/sys/fs/cgroup/{c}/CORRAL/NSJAIL.{jail.zygote_pid}")
+        pathlib.Path(f"/sys/fs/cgroup/{c}/CORRAL/{jail.id}")
         for jail in jails
-        for c in ("memory", "pids", "cpu")
+        for c in ("memory", "pids", "cpu", "cpuacct")
     ]
     assert all(path.exists() for path in cgroups)
-    etc_dir = rt._etc_dir
+    etc_dir = rt.shared_dir
     assert etc_dir is not None and etc_dir.exists()
 
     await rt.close()
@@ -269,3 +269,26 @@ async def test_a_tenant_id_is_required(run: RunFn, python_only: Any) -> None:
     result = await run(rt, WHOAMI, tenant="")
     assert result.error is not None and "tenant" in result.error
     assert rt.stats()["busy"] == 0 and rt.inventory() == {pool_key("nsjail", "python"): 1}
+
+
+async def test_groups_left_by_a_dead_node_are_swept(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a node killed with its jails leaves their (empty) v1 groups; the next start removes
+    # those older than SWEEP_AFTER_S, never a younger one (another runtime may be
+    # starting that jail right now)
+    setup = cgroups.detect(NsjailConfig(cgroup_parent=f"CORRAL-SWEEP-{os.getpid()}"))
+    if setup.mode is not cgroups.CgroupMode.V1 or setup.memory is None:
+        pytest.skip("needs cgroup v1 memory")
+    parent = setup.memory / setup.parent
+    parent.mkdir()
+    try:
+        left, other = parent / "0123456789ab", parent / "not-a-jail"
+        left.mkdir()
+        other.mkdir()
+        cgroups.sweep(parent)
+        assert left.exists()  # too young
+        monkeypatch.setattr(cgroups, "SWEEP_AFTER_S", 0.0)
+        cgroups.sweep(parent)
+        assert not left.exists() and other.exists()
+        other.rmdir()
+    finally:
+        parent.rmdir()
