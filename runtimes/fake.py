@@ -65,6 +65,7 @@ class FakeRuntime(Runtime):
         elapsed = (time.perf_counter() - started) * 1000
         stage.wall_ms = elapsed
         stage.cpu_ms = float(program.get("cpu_ms", 1.0))
+        stage.judge_contention()
         left: dict[str, str] = program.get("files", {})
         files = {path: left[path] for path in spec.fetch_files if path in left}
         return RunResult(run=stage, files=files, exec_ms=elapsed, cpu_ms=stage.cpu_ms)

@@ -14,6 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field
 #: A stage that hit its wall-clock limit while getting less than this share of one core
 #: (CPU time over wall time) was starved by others, not slow: it is reported ``contended``.
 CONTENDED_BELOW_CORES = 0.5
+#: ... and, where the backend measures it (``wait_ms``), waited for a CPU at least this
+#: share of that time: a program that slept or blocked past its limit is not contended.
+CONTENDED_WAIT_SHARE = 0.25
 
 
 class StageStatus(StrEnum):
@@ -86,6 +89,11 @@ class StageResult(BaseModel):
         description="the stage hit its wall-clock limit while it got less than "
         "CONTENDED_BELOW_CORES of a core: others took the CPU, the code may be correct",
     )
+    wait_ms: float | None = Field(
+        None,
+        description="time the stage's processes were ready to run but waited for a CPU, "
+        "measured when a wall-clock limit fires (where the backend can)",
+    )
     peak_memory_kb: int | None = None
     message: str | None = None
 
@@ -95,9 +103,13 @@ class StageResult(BaseModel):
 
     def judge_contention(self) -> StageResult:
         """Set ``contended`` for a wall-clock time limit hit with under
-        ``CONTENDED_BELOW_CORES`` of a core (needs ``cpu_ms``); returns self."""
+        ``CONTENDED_BELOW_CORES`` of a core (needs ``cpu_ms``) and, when ``wait_ms`` is
+        known, with at least ``CONTENDED_WAIT_SHARE`` of the time spent waiting for a CPU;
+        returns self. Only for a wall-clock verdict: a CPU-time limit is exact."""
         if self.status is StageStatus.TIME_LIMIT and self.cpu_ms is not None and self.wall_ms > 0:
-            self.contended = self.cpu_ms < CONTENDED_BELOW_CORES * self.wall_ms
+            starved = self.cpu_ms < CONTENDED_BELOW_CORES * self.wall_ms
+            waited = self.wait_ms is None or self.wait_ms >= CONTENDED_WAIT_SHARE * self.wall_ms
+            self.contended = starved and waited
         return self
 
 

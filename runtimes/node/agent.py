@@ -307,12 +307,7 @@ class NodeAgent:
         except Exception as exc:
             log.exception("inv=%s runtime %s raised", job.invocation_id, job.runtime)
             return RunResult(error=f"runtime {job.runtime} failed: {type(exc).__name__}")
-        # A time limit hit while the stage got well under a core is the machine's
-        # contention, not the code's slowness: say so, whatever the backend.
-        for stage in (result.compile, result.run):
-            if stage is not None:
-                stage.judge_contention()
-        return result
+        return result  # each backend judges contention (``StageResult.judge_contention``)
 
     async def _retry(
         self,

@@ -6,7 +6,9 @@ starts nsjail inside them (``for_new_jail``; nsjail gets no cgroup flags). Every
 of the jail is born in its groups, so the jail's cgroup namespace is rooted there
 (``/proc/self/cgroup`` shows ``/``) and ``cpuacct.usage`` counts all of them. cgroup v2:
 nsjail creates ``NSJAIL.<pid>`` (``nsjail_flags``) and the host finds it from the
-zygote's pid (``for_running_jail``). The handles are in ``runtimes.nsjail.jailcgroup``.
+zygote's pid (``for_running_jail``). Jails of other runtimes (the wasm worker) let nsjail
+make their groups on both hierarchies (``nsjail_flags``). The handles are in
+``runtimes.nsjail.jailcgroup``.
 """
 
 from __future__ import annotations
@@ -45,19 +47,30 @@ class CgroupSetup:
     root: Path | None = None  # v2 mount
 
     def nsjail_flags(self, *, memory_bytes: int, pids: int, cpu_ms_per_sec: int) -> list[str]:
-        """nsjail's cgroup flags: on v2 only (on v1 the host makes the groups)."""
-        if self.mode is not CgroupMode.V2:
+        """nsjail's flags for a jail whose groups nsjail makes itself, on either hierarchy
+        (the wasm worker and compile jails). The nsjail runtime makes its jails' v1 groups
+        itself (``for_new_jail``) and asks for these flags on v2 only."""
+        if self.mode is CgroupMode.OFF:
             return []
-        assert self.root is not None
         flags = ["--cgroup_mem_max", str(memory_bytes), "--cgroup_pids_max", str(pids)]
-        flags += ["--use_cgroupv2", "--cgroupv2_mount", str(self.root)]
-        if cpu_ms_per_sec:
+        if self.mode is CgroupMode.V2:
+            assert self.root is not None
+            flags += ["--use_cgroupv2", "--cgroupv2_mount", str(self.root)]
+            if cpu_ms_per_sec:
+                flags += ["--cgroup_cpu_ms_per_sec", str(cpu_ms_per_sec)]
+            return flags
+        assert self.memory is not None and self.pids is not None
+        flags += ["--cgroup_mem_mount", str(self.memory), "--cgroup_mem_parent", self.parent]
+        flags += ["--cgroup_pids_mount", str(self.pids), "--cgroup_pids_parent", self.parent]
+        if cpu_ms_per_sec and self.cpu is not None:
+            flags += ["--cgroup_cpu_mount", str(self.cpu), "--cgroup_cpu_parent", self.parent]
             flags += ["--cgroup_cpu_ms_per_sec", str(cpu_ms_per_sec)]
         return flags
 
-    def ensure_parents(self) -> None:
-        """Create the v1 parent cgroups (v2 needs none), and remove the groups of jails
-        a node that died could not remove (``sweep``)."""
+    def ensure_parents(self, memory_mb: int | None = None) -> None:
+        """Create the v1 parent cgroups (v2 needs none), limit the memory of all the jails
+        under them together to ``memory_mb``, and remove the groups of jails a node that
+        died could not remove (``sweep``)."""
         if self.mode is not CgroupMode.V1:
             return
         for mount in (self.memory, self.pids, self.cpu, self.cpuacct):
@@ -68,6 +81,8 @@ class CgroupSetup:
             except OSError as exc:
                 raise CgroupError(f"cannot create cgroup {mount / self.parent}: {exc}") from exc
             sweep(mount / self.parent)
+        if memory_mb is not None and self.memory is not None:
+            set_memory_limit(self.memory / self.parent, memory_mb * 1024 * 1024)
 
     def for_new_jail(
         self, name: str, *, memory_bytes: int, pids: int, cpu_ms_per_sec: int
@@ -98,6 +113,21 @@ class CgroupSetup:
             return None
         assert self.root is not None
         return V2JailCgroup.of_pid(self.root, zygote_pid)
+
+
+def set_memory_limit(group: Path, limit: int) -> None:
+    """Set a v1 memory group's limit (and its memory+swap limit, which must stay at or
+    above it: the one that grows is written first)."""
+    memsw = group / "memory.memsw.limit_in_bytes"
+    try:
+        current = int((group / "memory.limit_in_bytes").read_text())
+        order = [group / "memory.limit_in_bytes"]
+        if memsw.exists():
+            order = [memsw, *order] if limit > current else [*order, memsw]
+        for path in order:
+            path.write_text(str(limit))
+    except (OSError, ValueError) as exc:
+        raise CgroupError(f"cannot limit the memory of {group}: {exc}") from exc
 
 
 #: a jail's group name (``Jail.id``)

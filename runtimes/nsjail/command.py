@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from runtimes.nsjail.cgroups import CgroupSetup
+from runtimes.nsjail.cgroups import CgroupMode, CgroupSetup
 from runtimes.nsjail.config import MIB, NsjailConfig
 from runtimes.nsjail.seccomp import kafel_policy
 from runtimes.nsjail.sharedfs import GENERATED_ETC, JAIL_GID, JAIL_UID, SharedDir
@@ -137,11 +137,12 @@ class JailCommand:
         args += ["--rlimit_fsize", str(config.work_tmpfs_mb)]
         args += ["--rlimit_nofile", str(max(config.nofile, 1024))]
         args += ["--rlimit_nproc", str(config.max_pids_per_jail)]
-        args += self.cgroups.nsjail_flags(
-            memory_bytes=initial_memory_bytes,
-            pids=config.max_pids_per_jail,
-            cpu_ms_per_sec=config.cpu_ms_per_sec,
-        )
+        if self.cgroups.mode is CgroupMode.V2:  # on v1 the host made the groups (join_cgroups)
+            args += self.cgroups.nsjail_flags(
+                memory_bytes=initial_memory_bytes,
+                pids=config.max_pids_per_jail,
+                cpu_ms_per_sec=config.cpu_ms_per_sec,
+            )
         args += ["--seccomp_string", kafel_policy()]
         for env in JAIL_ENV:
             args += ["--env", env]

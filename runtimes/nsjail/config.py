@@ -16,6 +16,7 @@ than once per ``idle_timeout_s`` has no demand.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -97,6 +98,13 @@ class NsjailConfig(BaseModel):
     jail_overhead_mb: int = Field(
         96, ge=16, description="cgroup memory on top of the call's limit (zygote, tmpfs)"
     )
+    jails_memory_mb: int | None = Field(
+        None,
+        ge=64,
+        description="Memory all jails of the node share (the limit of their parent cgroup): "
+        "when they reach it together, the out-of-memory killer picks among the jails, never "
+        "the host's other processes. Derived: the host's memory less the node's reserve.",
+    )
     compile_memory_mb: int = Field(1024, ge=64, description="Memory for compilers")
     compile_max_processes: int = Field(64, ge=4, description="Processes/threads for compilers")
     max_pids_per_jail: int = Field(256, ge=8, description="Hard cap on processes in a jail")
@@ -146,5 +154,10 @@ class NsjailConfig(BaseModel):
             # every slot busy, plus a warm spare per language, plus head-room for idle jails
             "max_jails": max(4, settings.node_slots * 2 + 8),
             "require_cgroups": not settings.dev_mode,
+            "jails_memory_mb": max(256, _host_memory_mb() - settings.memory_reserve_mb),
         }
         return cls.model_validate(derived | settings.nsjail)
+
+
+def _host_memory_mb() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // MIB

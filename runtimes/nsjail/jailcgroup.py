@@ -21,6 +21,8 @@ logger = logging.getLogger(__name__)
 #: processes in a jail's pids group besides those RLIMIT_NPROC counts for its code: nsjail
 #: itself (v1), and the courier the template forks a spare through
 OUTSIDE_NPROC = 2
+#: a group whose peak came this close to its limit reached it (charges come in batches)
+PEAK_MARGIN_BYTES = 1 << 20
 
 
 class CgroupError(RuntimeError):
@@ -31,6 +33,10 @@ class JailCgroup(Protocol):
     def set_limits(self, *, memory_bytes: int, pids: int) -> None: ...
 
     def oom_kills(self) -> int | None: ...
+
+    def mark_peak(self) -> None: ...
+
+    def reached_limit(self) -> bool | None: ...
 
     def memory_bytes(self) -> int | None: ...
 
@@ -139,6 +145,36 @@ class V1JailCgroup:
     def oom_kills(self) -> int | None:
         return _read_counter(self.memory / "memory.oom_control", "oom_kill")
 
+    def mark_peak(self) -> None:
+        """Start watching for the jail reaching its own memory limit (``reached_limit``):
+        the kernel's peak-usage marks are reset. (v1's ``memory.failcnt`` is no help: on
+        the kernels seen here it stays 0 through an OOM kill at the group's own limit.)"""
+        for name in ("memory.max_usage_in_bytes", "memory.memsw.max_usage_in_bytes"):
+            if name.startswith("memory.memsw") and not self._memsw:
+                continue
+            try:
+                write(self.memory / name, "0")
+            except OSError:
+                logger.warning("cannot reset %s of %s", name, self.memory)
+
+    def reached_limit(self) -> bool | None:
+        """Whether the jail's memory (or memory+swap) peaked at its own limit since
+        ``mark_peak``: an OOM kill without that came from a parent's limit (the node's
+        jails together). The kernel writes both figures; the jail's code cannot."""
+        pairs = [("memory.max_usage_in_bytes", "memory.limit_in_bytes")]
+        if self._memsw:
+            pairs.append(("memory.memsw.max_usage_in_bytes", "memory.memsw.limit_in_bytes"))
+        known = False
+        for peak_name, limit_name in pairs:
+            peak = _read_int(self.memory / peak_name)
+            limit = _read_int(self.memory / limit_name)
+            if peak is None or limit is None:
+                continue
+            known = True
+            if peak >= limit - PEAK_MARGIN_BYTES:
+                return True
+        return False if known else None
+
     def memory_bytes(self) -> int | None:
         """Memory the jail uses now (tmpfs pages included)."""
         return _read_int(self.memory / "memory.usage_in_bytes")
@@ -164,6 +200,7 @@ class V2JailCgroup:
         self.path = path
         self._memory_bytes: int | None = None
         self._pids: int | None = None
+        self._max_events: int | None = None
 
     @classmethod
     def of_pid(cls, root: Path, pid: int) -> V2JailCgroup:
@@ -195,6 +232,16 @@ class V2JailCgroup:
 
     def oom_kills(self) -> int | None:
         return _read_counter(self.path / "memory.events", "oom_kill")
+
+    def mark_peak(self) -> None:
+        self._max_events = _read_counter(self.path / "memory.events", "max")
+
+    def reached_limit(self) -> bool | None:
+        """Whether ``memory.max`` was reached since ``mark_peak`` (``memory.events``)."""
+        count = _read_counter(self.path / "memory.events", "max")
+        if count is None or self._max_events is None:
+            return None
+        return count > self._max_events
 
     def memory_bytes(self) -> int | None:
         """Memory the jail uses now (tmpfs pages included)."""

@@ -76,6 +76,11 @@ BUILTIN: tuple[LanguageSpec, ...] = (
         binaries=("/usr/bin/python3",),
         version_argv=("/usr/bin/python3", "--version"),
         oom_markers=("MemoryError",),
+        # bounded by the jail's cgroup alone: running out of it is then an OOM kill the
+        # kernel counts, where RLIMIT_AS would make it a MemoryError that the host
+        # cannot tell from one the code printed (one big allocation never shows the
+        # peak memory that makes the text believable)
+        run_rlimit_as=False,
     ),
     LanguageSpec(
         name="cpp",

@@ -13,8 +13,13 @@ memory), never from what the code wrote. Status rules, first match wins:
   "cpu"``; PID 1 stops them at the limit, and the cgroup's count is checked again) ->
   TIME_LIMIT
 * the zygote's wall-clock deadline fired -> TIME_LIMIT, and ``contended`` when the stage
-  got under half a core meanwhile (``StageResult.judge_contention``)
+  got under half a core meanwhile and its threads waited on a run queue for a quarter of
+  the time (read by PID 1 before the kill; ``StageResult.judge_contention``): a program
+  that slept past its limit is not contended
 * SIGXCPU, or SIGKILL once the stage process's CPU time reached RLIMIT_CPU -> TIME_LIMIT
+* the jail's cgroup OOM-kill counter went up during the stage while the jail never
+  reached its own limit (the node's jails together reached their parent's) -> KILLED,
+  and the message says so
 * the jail's cgroup OOM-kill counter went up during the stage -> MEMORY_LIMIT
 * a failed process with the language's out-of-memory text on stderr (``MemoryError``,
   ``std::bad_alloc``, ``java.lang.OutOfMemoryError``, V8's heap message) whose peak
@@ -45,6 +50,13 @@ class Verdict(NamedTuple):
     wall_clock: bool = False
 
 
+def node_oom_message(memory_mb: int) -> str:
+    return (
+        "killed by the out-of-memory killer: the node's jails together ran out of memory "
+        f"while this one stayed within its own limit of {memory_mb} MB"
+    )
+
+
 def _signal_name(signum: int) -> str:
     try:
         return signal.Signals(signum).name
@@ -53,7 +65,12 @@ def _signal_name(signum: int) -> str:
 
 
 def classify(
-    report: dict[str, Any], plan: StagePlan, *, oom_killed: bool, cpu_ms: float | None = None
+    report: dict[str, Any],
+    plan: StagePlan,
+    *,
+    oom_killed: bool,
+    cpu_ms: float | None = None,
+    node_oom: bool = False,
 ) -> Verdict:
     """The status of one stage. ``cpu_ms``: the CPU time of all its processes (the
     cgroup's), when known."""
@@ -87,6 +104,8 @@ def classify(
         sig == signal.SIGKILL and cpu_limit_s and process_cpu_ms >= cpu_limit_s * 1000
     ):
         return Verdict(StageStatus.TIME_LIMIT, f"CPU-time limit of {cpu_limit_s}s exceeded")
+    if node_oom:
+        return Verdict(StageStatus.KILLED, node_oom_message(plan.memory_mb))
     if oom_killed:
         return Verdict(
             StageStatus.MEMORY_LIMIT,
@@ -139,9 +158,10 @@ def stage_result(
     oom_killed: bool,
     max_output: int,
     cgroup_cpu_ms: float | None = None,
+    node_oom: bool = False,
 ) -> StageResult:
     cpu_ms = stage_cpu_ms(report, cgroup_cpu_ms)
-    verdict = classify(report, plan, oom_killed=oom_killed, cpu_ms=cpu_ms)
+    verdict = classify(report, plan, oom_killed=oom_killed, cpu_ms=cpu_ms, node_oom=node_oom)
     message = verdict.message
     stdout_truncated = bool(report.get("stdout_truncated"))
     stderr_truncated = bool(report.get("stderr_truncated"))
@@ -157,6 +177,7 @@ def stage_result(
         stderr_truncated=stderr_truncated,
         wall_ms=float(report.get("wall_ms") or 0.0),
         cpu_ms=cpu_ms,
+        wait_ms=report.get("wait_ms"),
         peak_memory_kb=report.get("maxrss_kb"),
         message=message,
     )
@@ -170,6 +191,7 @@ def run_result(
     oom_stages: set[str],
     max_output: int,
     cgroup_cpu_ms: dict[str, float] | None = None,
+    node_oom_stages: set[str] | None = None,
 ) -> RunResult:
     """The RunResult of one zygote reply (timings are filled in by the caller).
     ``cgroup_cpu_ms``: each stage's CPU time from the jail's cgroup, by stage name."""
@@ -189,6 +211,7 @@ def run_result(
             oom_killed=plan.name in oom_stages,
             max_output=max_output,
             cgroup_cpu_ms=cgroup.get(plan.name),
+            node_oom=plan.name in (node_oom_stages or set()),
         )
     notes = [str(note) for note in reply.get("fetch_notes", [])]
     if notes and "run" in stages:

@@ -102,7 +102,7 @@ class NsjailRuntime(Runtime):
                     "run scripts/setup-nsjail.sh, or use dev mode to run without cgroups"
                 )
             logger.warning("nsjail runtime without cgroups: memory is bounded by rlimits only")
-        setup.ensure_parents()
+        setup.ensure_parents(config.jails_memory_mb)
         self._cgroups = setup
         try:
             self._shared = sharedfs.create()
@@ -239,6 +239,11 @@ class NsjailRuntime(Runtime):
             logger.error(
                 "inv=%s jail=%s died (oom=%s): %s", invocation_id, jail.id, limits.oom_stages, exc
             )
+            if limits.node_oom_stages and not limits.oom_stages:
+                return RunResult(
+                    error=results.node_oom_message(spec.limits.memory_mb),
+                    exec_ms=_ms(exec_started),
+                ), False
             if limits.oom_stages:
                 stage = StageResult(
                     status=StageStatus.MEMORY_LIMIT,
@@ -257,6 +262,7 @@ class NsjailRuntime(Runtime):
                 reply,
                 plans,
                 oom_stages=limits.oom_stages,
+                node_oom_stages=limits.node_oom_stages,
                 max_output=request.output_cap(spec, self.config),
                 cgroup_cpu_ms=limits.cpu_ms(),
             )

@@ -3,7 +3,9 @@
 The host moves the jail's cgroup to each stage's limits (a compiler gets more memory and
 threads than the program it builds) while the zygote waits at the stage boundary, and
 reads the cgroup's OOM-kill counter and CPU usage there: an OOM kill is charged to the
-stage in which it happened, and each stage gets the CPU time every process of the jail
+stage in which it happened (to the node, ``node_oom_stages``, when the jail's peak
+never reached its own limit: the jails together reached their parent's), and each stage
+gets the CPU time every process of the jail
 used meanwhile (``cpu_ns``), descendants it never waited for included. That CPU reading
 is what a v2 jail is charged; on v1 the zygote reads the same counter itself, closer to
 the stage (``results.stage_cpu_ms`` says which wins).
@@ -34,6 +36,8 @@ class StageLimits:
         self._oom_count: int | None = None
         self._cpu_mark: int | None = None
         self.oom_stages: set[str] = set()
+        #: stages whose OOM kill came from the node's jails together, not their own limit
+        self.node_oom_stages: set[str] = set()
         #: CPU time (ns) the jail's cgroup counted during each settled stage, by name
         self.cpu_ns: dict[str, int] = {}
 
@@ -51,6 +55,7 @@ class StageLimits:
             )
         except CgroupError as exc:
             raise LimitError(f"could not apply the {plan.name} stage's limits: {exc}") from exc
+        self._cgroup.mark_peak()
         if index == 0:
             self._oom_count = self._cgroup.oom_kills()
             self._cpu_mark = self._cgroup.cpu_usage_ns()
@@ -62,7 +67,8 @@ class StageLimits:
         name = self._plans[index].name
         count = self._cgroup.oom_kills()
         if count is not None and self._oom_count is not None and count > self._oom_count:
-            self.oom_stages.add(name)
+            own = self._cgroup.reached_limit() is not False
+            (self.oom_stages if own else self.node_oom_stages).add(name)
         self._oom_count = count
         usage = self._cgroup.cpu_usage_ns()
         if usage is not None and self._cpu_mark is not None:

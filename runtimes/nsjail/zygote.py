@@ -742,6 +742,22 @@ def _jail_cpu_ms(exclude: frozenset[int], reaped_before: float) -> float:
     return ticks * 1000 / CLK_TCK + _reaped_cpu_ms() - reaped_before
 
 
+def _jail_wait_ms(exclude: frozenset[int]) -> float | None:
+    """How long the jail's threads (``exclude`` aside) have waited on a run queue: the
+    run delay of /proc/PID/task/TID/schedstat, summed (None: the kernel does not say)."""
+    total, seen = 0, False
+    for pid, _ in _jail_pids(exclude):
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with (
+                    contextlib.suppress(OSError, ValueError, IndexError),
+                    open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f,
+                ):
+                    total += int(f.read().split()[1])
+                    seen = True
+    return total / 1e6 if seen else None
+
+
 def _reaped_cpu_ms() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (usage.ru_utime + usage.ru_stime) * 1000
@@ -837,6 +853,7 @@ def run_stage(
     cpu_limit = stage.get("cpu_limit_ms")
     next_cpu_check = started + CPU_TICK_S
     timed_out = cpu_exceeded = exited = False
+    wait_ms: float | None = None
     try:
         while not exited:
             now = time.monotonic()
@@ -857,6 +874,8 @@ def run_stage(
                 capture.read()
                 if not capture.open:
                     poller.unregister(fd)
+        if timed_out:  # was it waiting for a CPU, or sleeping? (before the kill)
+            wait_ms = _jail_wait_ms(keep)
         if timed_out or cpu_exceeded:
             for target in (-pid, pid):
                 with contextlib.suppress(ProcessLookupError):
@@ -893,6 +912,7 @@ def run_stage(
         "cgroup_cpu_ms": None,
         "maxrss_kb": usage.ru_maxrss,
         "timed_out": timed_out,
+        "wait_ms": wait_ms,
         "cpu_exceeded": cpu_exceeded,
         "cpu_limit_s": _cpu_rlimit(stage),
         "error": None,

@@ -71,7 +71,7 @@ async def test_process_limit_is_enforced(run: RunFn, runtime: NsjailRuntime) -> 
     assert int(started) < 8
 
 
-async def test_memory_bomb_hits_the_address_space_limit(
+async def test_memory_bomb_is_killed_at_the_jail_limit(
     run: RunFn, still_works: CheckFn, runtime: NsjailRuntime
 ) -> None:
     code = "chunks = []\nwhile True:\n    chunks.append(b'x' * (8 << 20))\n"
@@ -79,14 +79,14 @@ async def test_memory_bomb_hits_the_address_space_limit(
     assert result.error is None, result.error
     assert result.run.status is StageStatus.MEMORY_LIMIT, result.run
     assert "memory limit of 128 MB" in result.run.message
-    assert "MemoryError" in result.run.stderr
+    assert "out-of-memory killer" in result.run.message  # the kernel's count, not a MemoryError
     await still_works(runtime)
 
 
 async def test_memory_bomb_across_processes_hits_the_cgroup(
     run: RunFn, still_works: CheckFn, runtime: NsjailRuntime
 ) -> None:
-    # each child stays under RLIMIT_AS; together they exceed the jail's cgroup
+    # each child stays under the limit; together they exceed the jail's cgroup
     code = (
         "import os, time\n"
         "for _ in range(6):\n"

@@ -90,7 +90,21 @@ async def test_a_starved_stage_is_flagged_contended(run: RunFn, python_rt: Nsjai
     assert starved.run.status is StageStatus.TIME_LIMIT, starved.run
     assert starved.run.contended is True, starved.run
     assert starved.run.cpu_ms < 0.5 * starved.run.wall_ms
+    # it was ready to run and waiting for a core, not sleeping
+    assert starved.run.wait_ms is not None and starved.run.wait_ms >= 0.25 * starved.run.wall_ms
     assert starved.contended is True
+
+
+async def test_a_sleeper_past_its_wall_limit_is_not_contended(
+    run: RunFn, python_rt: NsjailRuntime
+) -> None:
+    # it used almost no CPU, as a starved stage does, but it never waited for a core
+    code = "import time\ntime.sleep(30)\n"
+    result = await run(python_rt, code, tenant="sleeper", run_timeout_s=1.0)
+    assert result.run.status is StageStatus.TIME_LIMIT, result.run
+    assert result.run.cpu_ms < 0.5 * result.run.wall_ms
+    assert result.run.wait_ms is not None and result.run.wait_ms < 0.25 * result.run.wall_ms
+    assert result.run.contended is False, result.run
 
 
 async def test_a_busy_loop_alone_is_not_contended(run: RunFn, python_rt: NsjailRuntime) -> None:

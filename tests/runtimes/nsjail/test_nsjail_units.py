@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import signal
 from pathlib import Path
 from types import SimpleNamespace
@@ -92,6 +93,16 @@ def test_command_starts_nsjail_inside_the_jail_cgroups(tmp_path: Path) -> None:
     argv = cmd.argv(hostname="corral-j", initial_memory_bytes=1 << 28, join_cgroups=procs)
     assert argv[:4] == ["/bin/sh", "-c", CGROUP_WRAPPER, "corral-jail"]
     assert argv[4:7] == [*map(str, procs), "--"] and argv[7] == "/usr/bin/nsjail"
+
+
+def test_cgroup_v1_flags_for_a_jail_whose_groups_nsjail_makes() -> None:
+    setup = CgroupSetup(
+        CgroupMode.V1, "CORRAL_WASM", memory=Path("/m"), pids=Path("/p"), cpu=Path("/c")
+    )
+    flags = setup.nsjail_flags(memory_bytes=100, pids=10, cpu_ms_per_sec=500)
+    pairs = dict(zip(flags[::2], flags[1::2], strict=True))
+    assert pairs["--cgroup_mem_max"] == "100" and pairs["--cgroup_mem_parent"] == "CORRAL_WASM"
+    assert pairs["--cgroup_pids_max"] == "10" and pairs["--cgroup_cpu_ms_per_sec"] == "500"
 
 
 def test_cgroup_v2_flags() -> None:
@@ -241,9 +252,15 @@ def test_config_from_settings() -> None:
     settings = NodeSettings(dev_mode=True, node_slots=3)
     config = NsjailConfig.from_settings(settings)
     assert config.max_jails == 14 and config.require_cgroups is False
-    prod = SimpleNamespace(node_slots=8, dev_mode=False, nsjail={"max_uses_per_jail": 7})
+    prod = SimpleNamespace(
+        node_slots=8, dev_mode=False, memory_reserve_mb=1024, nsjail={"max_uses_per_jail": 7}
+    )
     config = NsjailConfig.from_settings(prod)  # type: ignore[arg-type]
     assert config.max_uses_per_jail == 7 and config.require_cgroups is True
+    host_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
+    assert config.jails_memory_mb == max(256, host_mb - 1024)
+    fixed = SimpleNamespace(**{**vars(prod), "nsjail": {"jails_memory_mb": 2048}})
+    assert NsjailConfig.from_settings(fixed).jails_memory_mb == 2048  # type: ignore[arg-type]
 
 
 def test_registered_under_its_name() -> None:
