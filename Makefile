@@ -25,11 +25,13 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	@bash scripts/setup-nsjail.sh
 	@bash scripts/setup-wasm.sh
+	@bash scripts/setup-images.sh
 	@exec bash scripts/run
 
 test: $(STAMP)
 	@bash scripts/setup-nsjail.sh
 	@bash scripts/setup-wasm.sh
+	@bash scripts/setup-images.sh
 	@set -a; eval "$$(bash scripts/services.sh)"; set +a; \
 	  CORRAL_TEST_REQUIRE_SERVICES=1 $(VENV)/bin/pytest $(PYTEST_ARGS)
 

@@ -22,22 +22,7 @@ if [[ $(id -u) -ne 0 ]]; then
     exit 1
 fi
 
-missing=()
-for pkg in "${PACKAGES[@]}"; do
-    status=$(dpkg-query -W -f='${db:Status-Status}' "$pkg" 2>/dev/null || true)
-    if [[ "$status" != "installed" ]]; then
-        missing+=("$pkg")
-    fi
-done
-
-if ((${#missing[@]})); then
-    echo "setup-nsjail: installing ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -q
-    apt-get install -y -q --no-install-recommends "${missing[@]}"
-else
-    echo "setup-nsjail: packages already installed"
-fi
+"$(dirname "$0")/apt-ensure" setup-nsjail "${PACKAGES[@]}"
 
 for controller in memory pids cpu cpuacct; do
     dir="$CGROUP_ROOT/$controller"

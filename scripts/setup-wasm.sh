@@ -31,25 +31,7 @@ DEST="$DEST_DIR/quickjs-ng-0.11.0.wasm"
 PYTHON="${PYTHON:-.venv/bin/python}"
 
 if [[ "${CORRAL_WASM_SKIP_APT:-0}" != "1" ]]; then
-    missing=()
-    for pkg in "${PACKAGES[@]}"; do
-        status=$(dpkg-query -W -f='${db:Status-Status}' "$pkg" 2>/dev/null || true)
-        if [[ "$status" != "installed" ]]; then
-            missing+=("$pkg")
-        fi
-    done
-    if ((${#missing[@]})); then
-        if [[ $(id -u) -ne 0 ]]; then
-            echo "setup-wasm: must run as root to install ${missing[*]}" >&2
-            exit 1
-        fi
-        echo "setup-wasm: installing ${missing[*]}"
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get update -q
-        apt-get install -y -q --no-install-recommends "${missing[@]}"
-    else
-        echo "setup-wasm: packages already installed"
-    fi
+    scripts/apt-ensure setup-wasm "${PACKAGES[@]}"
 fi
 
 sha_of() { sha256sum "$1" | cut -d' ' -f1; }

@@ -41,6 +41,10 @@ COMMANDS = [
     ["functions", "deploy"],
     ["functions", "list"],
     ["functions", "invoke"],
+    ["images"],
+    ["images", "build"],
+    ["images", "ls"],
+    ["images", "rm"],
 ]
 
 

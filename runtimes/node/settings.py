@@ -30,6 +30,11 @@ class NodeSettings(BaseSettings):
         None, description="Where a separate node finds its work (required by `corral node`)."
     )
     data_dir: Path = Field(Path("var"), description="Where the backends keep their files.")
+    images_dir: Path | None = Field(
+        None,
+        description="Where the container images are kept (runtimes/images); default: "
+        "<data_dir>/images. Point several checkouts at one directory to share a cache.",
+    )
     node_slots: int = Field(
         0,
         ge=0,
@@ -93,6 +98,10 @@ class NodeSettings(BaseSettings):
     @property
     def resolved_node_id(self) -> str:
         return self.node_id or f"{socket.gethostname()}-{os.getpid()}"
+
+    @property
+    def resolved_images_dir(self) -> Path:
+        return self.images_dir if self.images_dir is not None else self.data_dir / "images"
 
     @property
     def resolved_memory_mb(self) -> int:
