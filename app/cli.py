@@ -486,6 +486,21 @@ def images_build(name: str, dockerfile: Path | None, context: Path | None) -> No
     click.echo(f"{image.name} {image.digest}")
 
 
+@images.command("import")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--name", required=True, help="The name to give the image.")
+def images_import(file: Path, name: str) -> None:
+    """Import FILE: an OCI image archive, a `docker save` tarball or a root filesystem
+    tar (.tar, .tar.gz)."""
+    from runtimes.images import ImageError, importer
+
+    try:
+        image = importer.import_file(_image_store(), file, name=name, progress=_progress())
+    except ImageError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{image.name} {image.digest}")
+
+
 @images.command("ls")
 def images_ls() -> None:
     """List the images: name, digest (short), size, created."""
