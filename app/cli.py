@@ -471,16 +471,42 @@ def images_build(name: str, dockerfile: Path | None, context: Path | None) -> No
 
     try:
         store = _image_store()
-        if dockerfile is not None or context is not None:
-            raise click.UsageError("-f Dockerfile is not supported yet")
-        if name not in RECIPES:
-            raise click.UsageError(
-                f"no built-in recipe {name!r} (there are: {', '.join(sorted(RECIPES))}); "
-                "give -f Dockerfile to build anything else"
-            )
-        from runtimes.images import debootstrap
+        if dockerfile is not None:
+            from runtimes.images import dockerfile as df
 
-        image = debootstrap.build(store, RECIPES[name], progress=_progress())
+            image = df.build(
+                store,
+                name,
+                dockerfile,
+                context=context or dockerfile.parent,
+                progress=_progress(),
+            )
+        else:
+            if context is not None:
+                raise click.UsageError("--context needs -f Dockerfile")
+            if name not in RECIPES:
+                raise click.UsageError(
+                    f"no built-in recipe {name!r} (there are: {', '.join(sorted(RECIPES))}); "
+                    "give -f Dockerfile to build anything else"
+                )
+            from runtimes.images import debootstrap
+
+            image = debootstrap.build(store, RECIPES[name], progress=_progress())
+    except ImageError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{image.name} {image.digest}")
+
+
+@images.command("import")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--name", required=True, help="The name to give the image.")
+def images_import(file: Path, name: str) -> None:
+    """Import FILE: an OCI image archive, a `docker save` tarball or a root filesystem
+    tar (.tar, .tar.gz)."""
+    from runtimes.images import ImageError, importer
+
+    try:
+        image = importer.import_file(_image_store(), file, name=name, progress=_progress())
     except ImageError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"{image.name} {image.digest}")

@@ -43,6 +43,7 @@ COMMANDS = [
     ["functions", "invoke"],
     ["images"],
     ["images", "build"],
+    ["images", "import"],
     ["images", "ls"],
     ["images", "rm"],
 ]

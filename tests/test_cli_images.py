@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,25 @@ def test_the_images_dir_follows_the_data_dir(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["images", "ls"], env={"CORRAL_DATA_DIR": str(tmp_path)})
     assert result.exit_code == 0, result.output
     assert (tmp_path / "images/names").is_dir()
+
+
+def test_import_a_rootfs_tar(tmp_path: Path) -> None:
+    import tarfile
+
+    if os.geteuid() != 0:
+        pytest.skip("unpacking with owners needs root")
+    tree = tmp_path / "tree"
+    (tree / "etc").mkdir(parents=True)
+    (tree / "etc/os-release").write_text("ID=test\n")
+    archive = tmp_path / "rootfs.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(tree, arcname=".")
+    images_dir = tmp_path / "images"
+    result = images(images_dir, "import", str(archive), "--name", "tiny")
+    assert result.exit_code == 0, result.output
+    name, digest = result.stdout.split()
+    assert name == "tiny" and digest.startswith("sha256:")
+    assert "importing" in result.stderr and "(rootfs)" in result.stderr
+    assert images(images_dir, "ls").stdout.splitlines()[1].split()[:2] == ["tiny", digest[7:19]]
+    bad = images(images_dir, "import", str(archive), "--name", "../x")
+    assert bad.exit_code == 1 and "invalid image name" in bad.stderr

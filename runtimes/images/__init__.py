@@ -7,7 +7,9 @@ Modules, one concept each:
 * ``recipes``      ``Recipe`` and the built-in ones (``python``)
 * ``debootstrap``  building a recipe from Debian's packages
 * ``importer``     importing an OCI archive, a ``docker save`` tarball or a rootfs tar
+* ``safetar``      unpacking a rootfs tar with no member escaping the tree
 * ``dockerfile``   building the common Dockerfile instructions on a local image
+* ``instructions`` reading a Dockerfile; ``context``: COPY from the build context
 * ``chroot``       running a command in a tree being built (private mount namespace)
 * ``mirror``       the Debian mirror of this machine's apt sources
 * ``tools``, ``progress``, ``fsutil``: running build tools, progress lines, safe trees

@@ -4,32 +4,39 @@ The command runs under ``unshare --mount --pid --fork --kill-child`` with privat
 propagation: /proc, a small /dev (null, zero, full, random, urandom, tty, a private
 devpts) and the host's /etc/resolv.conf are mounted inside the tree in that namespace
 only, so every mount ends with the command, however it ends (no unmount to forget, none
-leaked by a crash). The network is the host's, so apt can reach the mirror. The
-environment is clean: PATH, HOME, the image's env, and nothing of ours.
+leaked by a crash). The network is the host's, so apt can reach the mirror. The mounts
+are made by a shell with a minimal environment of the host's; then ``python -I`` (still
+on the host) does the chroot, the cd to the workdir, drops to the user (uid, gid, no
+other groups) and execs the command with the environment it should have (PATH, HOME,
+TERM and the image's env), so that environment reaches only the image's own programs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from runtimes.images.errors import ImageBuildError
+from runtimes.images.fsutil import resolve_in_root
 from runtimes.images.progress import Progress
 from runtimes.images.tools import require, run_tool
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+HOST_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 _DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 
-# Runs as pid 1 of the new namespaces, before chroot: $1 is the tree, $2 "1" to bind
-# resolv.conf, $3 the chroot --userspec (or ""), then the command.
+# Runs as pid 1 of the new namespaces, on the host, with nothing of the image's
+# environment: $1 is the tree, $2 "1" to bind resolv.conf, then the entering command.
 _SETUP = r"""
 set -eu
-R=$1; RESOLV=$2; SPEC=$3; shift 3
+R=$1; RESOLV=$2; shift 2
 mount -t proc -o nosuid,nodev,noexec proc "$R/proc"
 mount -t tmpfs -o nosuid,mode=0755,size=64k dev "$R/dev"
 for d in null zero full random urandom tty; do
@@ -45,8 +52,28 @@ if [ "$RESOLV" = 1 ]; then
     mount --bind /etc/resolv.conf "$R/etc/resolv.conf"
     mount -o remount,bind,ro "$R/etc/resolv.conf"
 fi
-if [ -n "$SPEC" ]; then exec chroot --userspec="$SPEC" --groups="${SPEC#*:}" "$R" "$@"; fi
-exec chroot "$R" "$@"
+exec "$@"
+"""
+
+# Then (python -I, still on the host): chroot, cd, drop to the user, and exec the command
+# with the image's environment, which so reaches only the image's own programs.
+# argv: tree, "uid:gid" or "", workdir, the environment as JSON, the command.
+_ENTER = """
+import json, os, sys
+root, spec, workdir, env = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+command = sys.argv[5:]
+os.chroot(root)
+os.chdir(workdir)
+if spec:
+    uid, gid = (int(x) for x in spec.split(":"))
+    os.setgroups([gid])
+    os.setgid(gid)
+    os.setuid(uid)
+try:
+    os.execvpe(command[0], command, env)
+except OSError as exc:
+    sys.stderr.write(f"cannot run {command[0]}: {exc}\\n")
+    sys.exit(127)
 """
 
 
@@ -125,9 +152,10 @@ def run_in(
     environment = {"PATH": DEFAULT_PATH, "HOME": home, "TERM": "dumb"}
     environment.update(env or {})
     if workdir != "/":
-        (rootfs / workdir.lstrip("/")).mkdir(parents=True, exist_ok=True)
-        # chroot starts in /; cd first, in the image's own shell.
-        command = ["/bin/sh", "-c", 'cd "$0" && exec "$@"', workdir, *command]
+        try:
+            resolve_in_root(rootfs, workdir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ImageBuildError(f"{what}: cannot make the workdir {workdir}: {exc}") from exc
     with _mount_targets(rootfs) as resolv:
         argv = [
             unshare,
@@ -143,7 +171,15 @@ def run_in(
             "setup",
             os.fspath(rootfs),
             "1" if resolv else "0",
+            sys.executable,
+            "-I",
+            "-c",
+            _ENTER,
+            os.fspath(rootfs),
             spec,
+            workdir,
+            json.dumps(environment),
             *command,
         ]
-        return run_tool(argv, what=what, progress=progress, env=environment, timeout_s=timeout_s)
+        host_env = {"PATH": HOST_PATH, "LC_ALL": "C"}
+        return run_tool(argv, what=what, progress=progress, env=host_env, timeout_s=timeout_s)

@@ -24,7 +24,7 @@ from runtimes.images.fsutil import remove_tree
 from runtimes.images.mirror import debian_mirror
 from runtimes.images.progress import Progress
 from runtimes.images.recipes import SANDBOX_HOME, SANDBOX_UID, SANDBOX_USER, Recipe
-from runtimes.images.store import Image, ImageMeta, ImageStore
+from runtimes.images.store import Image, ImageMeta, ImageStore, check_name
 from runtimes.images.tools import require, run_tool
 
 log = logging.getLogger(__name__)
@@ -72,6 +72,7 @@ def build(
     mirror: str | None = None,
 ) -> Image:
     """Build ``recipe`` into ``store`` as ``name`` (default: the recipe's name)."""
+    check_name(name or recipe.name)
     progress = progress or Progress()
     debootstrap = require("debootstrap", "debootstrap")
     unshare = require("unshare", "util-linux")

@@ -70,3 +70,34 @@ def copy_tree(src: Path, dst: Path) -> None:
     )
     if done.returncode != 0:
         raise ImageBuildError(f"copying {src} to {dst} failed: {done.stderr.strip()[-500:]}")
+
+
+MAX_SYMLINKS = 40
+
+
+def resolve_in_root(rootfs: Path, path: str) -> Path:
+    """``path`` (absolute or relative to the image's /) as the host path it names inside
+    ``rootfs``, following the tree's symlinks as a process chrooted in it would: an
+    absolute target restarts at ``rootfs``, ``..`` stops at it. The result never lies
+    outside ``rootfs`` (its last component may not exist yet)."""
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    resolved: list[str] = []
+    hops = 0
+    while parts:
+        part = parts.pop(0)
+        if part == "..":
+            if resolved:
+                resolved.pop()
+            continue
+        candidate = rootfs.joinpath(*resolved, part)
+        if candidate.is_symlink():
+            hops += 1
+            if hops > MAX_SYMLINKS:
+                raise ImageBuildError(f"too many levels of symlinks in {path!r}")
+            target = os.readlink(candidate)
+            if target.startswith("/"):
+                resolved = []
+            parts = [p for p in target.split("/") if p not in ("", ".")] + parts
+            continue
+        resolved.append(part)
+    return rootfs.joinpath(*resolved)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -53,9 +52,6 @@ def store(tmp_path: Path) -> ImageStore:
 def require_root() -> None:
     if os.geteuid() != 0:
         missing("the image builds need root (chroot, mount namespaces, file owners)")
-
-
-MakeTree = Callable[[str], Path]
 
 
 @pytest.fixture
