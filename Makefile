@@ -26,12 +26,14 @@ run: $(STAMP)
 	@bash scripts/setup-nsjail.sh
 	@bash scripts/setup-wasm.sh
 	@bash scripts/setup-images.sh
+	@bash scripts/setup-sandboxes.sh
 	@exec bash scripts/run
 
 test: $(STAMP)
 	@bash scripts/setup-nsjail.sh
 	@bash scripts/setup-wasm.sh
 	@bash scripts/setup-images.sh
+	@bash scripts/setup-sandboxes.sh
 	@set -a; eval "$$(bash scripts/services.sh)"; set +a; \
 	  CORRAL_TEST_REQUIRE_SERVICES=1 $(VENV)/bin/pytest $(PYTEST_ARGS)
 

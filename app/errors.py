@@ -8,7 +8,8 @@ never rename one) and an HTTP ``status``.
     ├── BadRequest                   400 bad_request
     │   ├── InvalidJSON              400 invalid_json        (also: lone UTF-16 surrogates)
     │   ├── TooDeeplyNested          400 too_deeply_nested
-    │   └── UnsupportedMediaType     415 unsupported_media_type
+    │   ├── UnsupportedMediaType     415 unsupported_media_type
+    │   └── InvalidPath              400 invalid_path         (in a sandbox)
     ├── ValidationFailed             422 validation_error
     │   ├── InputValidationFailed    422 input_validation_error   (a function's input)
     │   │   └── InputTooComplex      422 input_too_complex  (its validation's work bound)
@@ -22,8 +23,11 @@ never rename one) and an HTTP ``status``.
     │   ├── AdminRequired            403 admin_required
     │   └── TenantDisabled           403 tenant_disabled
     ├── NotFound                     404 not_found
+    │   ├── PathNotFound             404 path_not_found       (in a sandbox)
+    │   └── ImageNotFound            404 image_not_found
     ├── MethodNotAllowed             405 method_not_allowed
     ├── Conflict                     409 conflict
+    │   └── SandboxNotRunning        409 sandbox_not_running  (paused or stopped)
     ├── QuotaExceeded                429 quota_exceeded      (Retry-After)
     │   ├── RateLimited              429 rate_limited
     │   ├── ConcurrencyLimited       429 concurrency_limited
@@ -33,6 +37,7 @@ never rename one) and an HTTP ``status``.
     │   ├── NoCapacity               503 no_capacity
     │   ├── DatabaseUnavailable      503 database_unavailable
     │   ├── DispatchUnavailable      503 dispatch_unavailable
+    │   ├── NodeUnavailable          503 node_unavailable     (the sandbox's node)
     │   └── UnsupportedRuntime       400 unsupported_runtime
     └── ExecutionTimeout             504 execution_timeout
 """
@@ -143,12 +148,28 @@ class NotFound(CorralError):
     status, code, default_message = 404, "not_found", "not found"
 
 
+class PathNotFound(NotFound):
+    code, default_message = "path_not_found", "no such file or directory in the sandbox"
+
+
+class ImageNotFound(NotFound):
+    code, default_message = "image_not_found", "no such image"
+
+
+class InvalidPath(BadRequest):
+    code, default_message = "invalid_path", "the path cannot be used in the sandbox"
+
+
 class MethodNotAllowed(CorralError):
     status, code, default_message = 405, "method_not_allowed", "method not allowed"
 
 
 class Conflict(CorralError):
     status, code, default_message = 409, "conflict", "conflict"
+
+
+class SandboxNotRunning(Conflict):
+    code, default_message = "sandbox_not_running", "the sandbox is not running"
 
 
 class QuotaExceeded(CorralError):
@@ -201,6 +222,10 @@ class DispatchUnavailable(Unavailable):
     """Redis (dispatch, quota counters, the node catalogue) cannot be reached."""
 
     code, default_message = "dispatch_unavailable", "the dispatch queue is unreachable; retry"
+
+
+class NodeUnavailable(Unavailable):
+    code, default_message = "node_unavailable", "the node that holds the sandbox cannot be reached"
 
 
 class NoCapacity(Unavailable):

@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from pydantic import SecretStr
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
@@ -44,6 +46,7 @@ from app.quotas.admission import Admission
 from app.quotas.counters import MemoryCounters, QuotaCounters
 from app.quotas.readings import Readings
 from app.quotas.redis_counters import RedisCounters
+from app.sandboxes.service import Sandboxes
 from app.settings import Settings
 from runtimes.node.agent import NodeAgent
 from runtimes.node.main import running_node
@@ -73,6 +76,7 @@ class Services:
     catalogue: Catalogue
     recorder: Recorder
     reconciler: Reconciler
+    sandboxes: Sandboxes
     redis: Redis | None = None
     node: NodeAgent | None = None
     #: Per-process caches of the tool-function path: artifacts by (tenant, hash), and
@@ -187,6 +191,17 @@ async def open_services(
             failpoints=failpoints,
         )
         stack.push_async_callback(invocations.close)
+        if with_node and settings.node.sandbox_backends and settings.node.node_token is None:
+            # the embedded node and this gateway share a token made for this process
+            settings.node.node_token = SecretStr(secrets.token_urlsafe(32))
+        token = settings.node.node_token
+        sandboxes = Sandboxes(
+            sessions=sessions,
+            catalogue=catalogue,
+            node_token=token.get_secret_value() if token is not None else None,
+        )
+        stack.push_async_callback(sandboxes.close)
+        reconciler.sandbox_sync = sandboxes.sync
         services = Services(
             settings=settings,
             metrics=metrics,
@@ -207,6 +222,7 @@ async def open_services(
             catalogue=catalogue,
             recorder=recorder,
             reconciler=reconciler,
+            sandboxes=sandboxes,
             redis=redis,
         )
         stack.callback(services.validators.close)

@@ -21,7 +21,7 @@ from starlette.testclient import TestClient
 from app.main import create_app
 from app.settings import Settings
 from runtimes.node.settings import NodeSettings
-from tests.requirements import missing, require_nsjail
+from tests.requirements import missing, require_crun, require_nsjail
 
 ADMIN_KEY = "test-admin-key-" + "x" * 24
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -36,10 +36,13 @@ def _service_url(name: str) -> str:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Tests marked ``nsjail`` need root and the nsjail binary: else they fail (or skip,
-    outside ``make test``) before any of their fixtures start a jail."""
+    """Tests marked ``nsjail`` need root and the nsjail binary, tests marked ``crun`` root,
+    crun and corral-init: else they fail (or skip, outside ``make test``) before any of
+    their fixtures start a jail or a container."""
     if item.get_closest_marker("nsjail") is not None:
         require_nsjail()
+    if item.get_closest_marker("crun") is not None:
+        require_crun()
 
 
 @pytest.fixture

@@ -56,3 +56,22 @@ def require_tool(name: str, hint: str) -> str:
     if path is None:
         missing(f"{name} is not installed ({hint})")
     return path
+
+
+def crun_unusable() -> str | None:
+    """Why real container sandboxes cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "the crun tests need root (mounts, cgroups)"
+    if shutil.which("crun") is None:
+        return "crun is not installed (scripts/setup-sandboxes.sh)"
+    from runtimes.sandboxes.crun.backend import DEFAULT_INIT
+
+    if not DEFAULT_INIT.exists():
+        return f"{DEFAULT_INIT} is not built (scripts/setup-sandboxes.sh)"
+    return None
+
+
+def require_crun() -> None:
+    reason = crun_unusable()
+    if reason is not None:
+        missing(reason)

@@ -143,7 +143,8 @@ class NodeReport(_Message):
     memory_mb: int  #: memory the node may give to executions
     memory_free_mb: int
     warm: dict[str, int] = Field(default_factory=dict)  #: pool_key -> idle warm workers
-    sandboxes: int = 0
+    sandboxes: int = 0  #: live sandboxes it holds
+    sandbox_backends: list[str] = Field(default_factory=list)  #: e.g. ["crun"]
     started_at: float
     reported_at: float
 

@@ -199,23 +199,6 @@ class Invocation(Base):
     peak_memory_kb: Mapped[int | None] = mapped_column(BigInteger, default=None)
 
 
-class Sandbox(Base):
-    __tablename__ = "sandboxes"
-    __table_args__ = (Index("ix_sandboxes_tenant_state", "tenant_id", "state"),)
-
-    id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
-    backend: Mapped[str] = mapped_column(String(32))
-    image: Mapped[str] = mapped_column(String(256))
-    state: Mapped[str] = mapped_column(String(16))
-    node_id: Mapped[str | None] = mapped_column(String(128), default=None)
-    limits: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
-    started_at: Mapped[datetime | None] = mapped_column(default=None)
-    expires_at: Mapped[datetime | None] = mapped_column(default=None)
-    stopped_at: Mapped[datetime | None] = mapped_column(default=None)
-
-
 class Blob(Base):
     """A large part of an invocation (output, a fetched file, code or stdin) kept out of its
     row, for a limited time: the row keeps a preview and the blob's id. Counted against
@@ -294,3 +277,39 @@ class UsageRollup(Base):
     cpu_ms: Mapped[float] = mapped_column(Float, default=0.0)
     instance_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     memory_mb_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class Sandbox(Base):
+    """One stateful sandbox: its request, where it lives, and how it ended.
+
+    ``state`` follows the node's (creating, running, paused, stopped); ``node_id`` is the
+    node that holds it, to which every operation is routed. ``spec`` is the request less
+    the env values (which can be secrets; only their names are kept).
+    """
+
+    __tablename__ = "sandboxes"
+    __table_args__ = (
+        Index("ix_sandboxes_tenant_state", "tenant_id", "state"),
+        Index("ix_sandboxes_state", "state"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    backend: Mapped[str] = mapped_column(String(16))
+    image: Mapped[str] = mapped_column(String(256))
+    image_digest: Mapped[str | None] = mapped_column(String(80), default=None)
+    node_id: Mapped[str | None] = mapped_column(String(128), default=None)
+    state: Mapped[str] = mapped_column(String(16))
+    spec: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    meta: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    reason: Mapped[str | None] = mapped_column(Text, default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(default=None)
+    expires_at: Mapped[datetime | None] = mapped_column(default=None)
+    ended_at: Mapped[datetime | None] = mapped_column(default=None)
+    queue_ms: Mapped[float | None] = mapped_column(Float, default=None)
+    image_ms: Mapped[float | None] = mapped_column(Float, default=None)
+    setup_ms: Mapped[float | None] = mapped_column(Float, default=None)
+    start_ms: Mapped[float | None] = mapped_column(Float, default=None)
+    cpu_ms: Mapped[float | None] = mapped_column(Float, default=None)
+    memory_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)

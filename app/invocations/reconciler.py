@@ -39,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -128,6 +128,8 @@ class Reconciler:
         self._metrics = metrics
         self._policy = policy
         self._interval_s = interval_s
+        #: the sandbox records' pass (``app.sandboxes.service.Sandboxes.sync``), when set
+        self.sandbox_sync: Callable[[], Awaitable[None]] | None = None
         self._clock = clock
         self._retention = retention
         self._retention_every_s = retention_every_s
@@ -143,6 +145,8 @@ class Reconciler:
                 self.leading = await self._election.lead()
                 if self.leading:
                     done = await self.reconcile()
+                    if self.sandbox_sync is not None:
+                        await self.sandbox_sync()
                     if done.reissued or done.failed or done.adopted or done.released:
                         log.info(
                             "reconciler: %d judged, %d handed out again, %d failed as lost, "

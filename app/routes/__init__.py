@@ -9,6 +9,7 @@ from app.routes import (
     invocations,
     run,
     runtimes,
+    sandboxes,
     sandboxfusion,
     tenants,
 )
@@ -21,4 +22,5 @@ ENDPOINTS: list[Endpoint] = [
     *runtimes.endpoints,
     *sandboxfusion.endpoints,
     *functions.endpoints,
+    *sandboxes.endpoints,
 ]

@@ -25,7 +25,7 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from runtimes.base import Runtime
 from runtimes.node.memory import MemoryGuard
@@ -34,6 +34,9 @@ from runtimes.node.settings import NodeSettings
 from runtimes.node.transport import Claim, Delivery, NodeTransport
 from wire.execution import RunResult
 from wire.messages import Finished, NodeReport, PoolUsage, Started
+
+if TYPE_CHECKING:
+    from runtimes.sandboxes.manager import SandboxManager
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,7 @@ class NodeAgent:
         self.backends = backends
         self.metrics = metrics or NodeMetrics()
         self.address: str | None = None  #: set by the node's HTTP listener, when it has one
+        self.sandboxes: SandboxManager | None = None  #: set when the node has sandbox backends
         self._usage_period_s = usage_period_s
         self._slots = asyncio.Semaphore(settings.node_slots)
         self.memory = memory or MemoryGuard(settings.memory_reserve_mb)
@@ -165,6 +169,8 @@ class NodeAgent:
                 ),
             ),
             warm=warm,
+            sandboxes=self.sandboxes.live_count() if self.sandboxes is not None else 0,
+            sandbox_backends=sorted(self.sandboxes.backends) if self.sandboxes is not None else [],
             started_at=self._started_at,
             reported_at=time.time(),
         )

@@ -4,6 +4,11 @@
   unhealthy (restarting it would only hand its running executions out again).
 * ``/readyz``: the loops run and Redis answers.
 * ``/metrics``: Prometheus.
+* ``/sandboxes/...``: the node's sandbox API (``runtimes.sandboxes.http``), when the node
+  has sandbox backends; it alone needs the node token.
+
+A separate node listens on TCP (``node_host:node_port``); a node embedded in ``corral
+serve`` that holds sandboxes listens on a Unix socket in its data dir (mode 0600).
 """
 
 from __future__ import annotations
@@ -11,20 +16,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from runtimes.node.agent import NodeAgent
 
 log = logging.getLogger(__name__)
 
 
-def node_app(agent: NodeAgent) -> Starlette:
+def node_app(agent: NodeAgent, extra_routes: Sequence[BaseRoute] = ()) -> Starlette:
     def answer(ok: bool, **fields: object) -> Response:
         body = {
             "status": "ok" if ok else "unavailable",
@@ -46,7 +53,12 @@ def node_app(agent: NodeAgent) -> Starlette:
         return Response(agent.metrics.render(), media_type="text/plain; version=0.0.4")
 
     return Starlette(
-        routes=[Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", metrics)]
+        routes=[
+            Route("/healthz", healthz),
+            Route("/readyz", readyz),
+            Route("/metrics", metrics),
+            *extra_routes,
+        ]
     )
 
 
@@ -59,23 +71,41 @@ class EmbeddedServer(uvicorn.Server):
 
 
 @contextlib.asynccontextmanager
-async def serving(agent: NodeAgent, host: str, port: int) -> AsyncIterator[str]:
-    """Serve the node's endpoints while the block runs; yields the address (``host:port``)."""
-    server = EmbeddedServer(
-        uvicorn.Config(node_app(agent), host=host, port=port, log_level="warning", lifespan="off")
-    )
+async def serving(
+    agent: NodeAgent,
+    host: str,
+    port: int,
+    *,
+    uds: Path | None = None,
+    extra_routes: Sequence[BaseRoute] = (),
+) -> AsyncIterator[str]:
+    """Serve the node's endpoints while the block runs; yields the address (``host:port``,
+    or ``unix:PATH`` when ``uds`` is given)."""
+    app = node_app(agent, extra_routes)
+    if uds is not None:
+        uds.unlink(missing_ok=True)  # noqa: ASYNC240 - a stale socket, once
+        config = uvicorn.Config(app, uds=str(uds), log_level="warning", lifespan="off")
+    else:
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+    server = EmbeddedServer(config)
     task = asyncio.create_task(server.serve(), name="node-http")
     try:
         while not server.started:
             if task.done():
                 await task  # raises what stopped it
-                raise RuntimeError(f"the node's HTTP listener on {host}:{port} did not start")
+                raise RuntimeError(f"the node's HTTP listener on {uds or port} did not start")
             await asyncio.sleep(0.01)
-        bound = server.servers[0].sockets[0].getsockname()
-        address = f"{bound[0]}:{bound[1]}"
-        log.info("node %s: /healthz, /readyz and /metrics on http://%s", agent.node_id, address)
+        if uds is not None:
+            os.chmod(uds, 0o600)
+            address = f"unix:{uds}"
+        else:
+            bound = server.servers[0].sockets[0].getsockname()
+            address = f"{bound[0]}:{bound[1]}"
+        log.info("node %s: listening on %s", agent.node_id, address)
         yield address
     finally:
         server.should_exit = True
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        if uds is not None:
+            uds.unlink(missing_ok=True)  # noqa: ASYNC240

@@ -10,7 +10,9 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
+
+from starlette.routing import BaseRoute
 
 from runtimes import registry
 from runtimes.base import Runtime
@@ -20,6 +22,9 @@ from runtimes.node.metrics import NodeMetrics
 from runtimes.node.redis import RedisNodeTransport
 from runtimes.node.settings import NodeSettings
 from runtimes.node.transport import NodeTransport
+from runtimes.sandboxes.base import RootImage
+from runtimes.sandboxes.http import sandbox_routes
+from runtimes.sandboxes.service import build_manager
 from wire.redis import connect
 
 log = logging.getLogger(__name__)
@@ -32,8 +37,12 @@ async def running_node(
     *,
     metrics: NodeMetrics | None = None,
     serve_http: bool = True,
+    resolve_image: Callable[[str], RootImage] | None = None,
 ) -> AsyncIterator[NodeAgent]:
-    """A node agent with its backends started; on exit it drains and releases them."""
+    """A node agent with its backends started; on exit it drains and releases them.
+
+    With sandbox backends, the node's sandbox API is served too: on TCP beside
+    ``/healthz`` (``serve_http``), else on a Unix socket in the data dir (embedded)."""
     backends: dict[str, Runtime] = {}
     try:
         for name in settings.runtimes:
@@ -44,11 +53,26 @@ async def running_node(
         raise
     agent = NodeAgent(settings, transport, backends, metrics=metrics)
     async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(agent.close)  # also releases backends after a failed start
+        routes: Sequence[BaseRoute] = ()
+        if settings.sandbox_backends:
+            if settings.node_token is None:
+                raise ValueError("a node with sandbox backends needs CORRAL_NODE_TOKEN")
+            sandboxes = build_manager(settings, resolve_image=resolve_image)
+            stack.push_async_callback(sandboxes.close)
+            await sandboxes.start()
+            agent.sandboxes = sandboxes
+            token = settings.node_token.get_secret_value()
+            routes = sandbox_routes(sandboxes, token, node_id=agent.node_id)
         if serve_http and settings.node_port is not None:
             agent.address = await stack.enter_async_context(
-                serving(agent, settings.node_host, settings.node_port)
+                serving(agent, settings.node_host, settings.node_port, extra_routes=routes)
             )
-        stack.push_async_callback(agent.close)  # also releases backends after a failed start
+        elif routes:
+            uds = settings.data_dir.resolve() / "node.sock"
+            agent.address = await stack.enter_async_context(
+                serving(agent, "", 0, uds=uds, extra_routes=routes)
+            )
         await agent.start()
         yield agent
 

@@ -12,7 +12,7 @@ import socket
 from pathlib import Path
 from typing import Any, Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: Memory per execution slot when the slots are derived from the node's memory: what a
@@ -81,6 +81,19 @@ class NodeSettings(BaseSettings):
     fake: dict[str, Any] = Field(
         default_factory=dict,
         description='Options of the fake backend (tests only), e.g. \'{"run_log": "/tmp/x"}\'.',
+    )
+    sandbox_backends: list[str] = Field(
+        default_factory=list,
+        description="Stateful sandbox backends this node offers, e.g. '[\"crun\"]' (none: "
+        "the node runs FnCall work only).",
+    )
+    sandbox_runtime: str = Field(
+        "crun", pattern=r"^(crun|runc)$", description="The OCI runtime of container sandboxes."
+    )
+    node_token: SecretStr | None = Field(
+        None,
+        description="Bearer token of the node's sandbox API, shared with the gateways "
+        "(required by a separate node with sandbox backends; generated when embedded).",
     )
 
     @model_validator(mode="after")

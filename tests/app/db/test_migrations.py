@@ -87,7 +87,7 @@ async def test_upgrade_downgrade_upgrade(engine: AsyncEngine) -> None:
 
     await upgrade(engine, "head")
     assert await _tables(engine) == MODEL_TABLES | {"alembic_version"}
-    assert await _revision(engine) == "0004"
+    assert await _revision(engine) == "0005"
 
     await downgrade(engine, "base")
     assert await _tables(engine) == {"alembic_version"}
@@ -95,7 +95,7 @@ async def test_upgrade_downgrade_upgrade(engine: AsyncEngine) -> None:
 
     await upgrade(engine, "head")
     assert await _tables(engine) == MODEL_TABLES | {"alembic_version"}
-    assert await _revision(engine) == "0004"
+    assert await _revision(engine) == "0005"
 
 
 async def test_upgrade_is_idempotent(engine: AsyncEngine) -> None:

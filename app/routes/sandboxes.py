@@ -1,0 +1,295 @@
+"""``/v1/sandboxes``: stateful sandboxes, scoped to the calling tenant.
+
+Every operation on a sandbox is routed to the node that holds it
+(``app.sandboxes.service``). Files travel as raw bytes (``GET``/``PUT .../files``);
+``exec`` answers the whole result, or NDJSON events as they come with ``"stream": true``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from starlette.responses import Response, StreamingResponse
+
+from app.db.models import Sandbox
+from app.errors import InvalidPath, PayloadTooLarge
+from app.http.endpoint import Call, Endpoint, endpoint
+from app.schemas.sandboxes import (
+    CreateSandbox,
+    EntryList,
+    ExecBody,
+    ExecOut,
+    MoveBody,
+    PathBody,
+    PathQuery,
+    SandboxList,
+    SandboxOut,
+    SandboxQuery,
+    TimeoutBody,
+    Timings,
+)
+from wire.sandboxes import ExecRequest, FileEntry, collect
+
+TAGS = ["sandboxes"]
+ONE = "/v1/sandboxes/{sandbox_id}"
+#: the most an exec answer keeps per stream (a stream can be followed with "stream": true)
+EXEC_OUTPUT_CAP = 4 << 20
+MAX_FILE_BYTES = 256 << 20
+
+
+def sandbox_out(row: Sandbox) -> SandboxOut:
+    spec = row.spec or {}
+    return SandboxOut(
+        id=row.id,
+        backend=row.backend,
+        image=row.image,
+        image_digest=row.image_digest,
+        state=row.state,
+        node_id=row.node_id,
+        cpu=float(spec.get("cpu", 1.0)),
+        memory_mb=int(spec.get("memory_mb", 0)),
+        disk_mb=int(spec.get("disk_mb", 0)),
+        created_at=row.created_at,
+        started_at=row.started_at,
+        expires_at=row.expires_at,
+        ended_at=row.ended_at,
+        reason=row.reason,
+        metadata=row.meta or {},
+        timings=Timings(
+            queue_ms=row.queue_ms,
+            image_ms=row.image_ms,
+            setup_ms=row.setup_ms,
+            start_ms=row.start_ms,
+        ),
+        cpu_ms=row.cpu_ms,
+        memory_bytes=row.memory_bytes,
+    )
+
+
+@endpoint(
+    "POST",
+    "/v1/sandboxes",
+    summary="Create a sandbox",
+    tags=TAGS,
+    body=CreateSandbox,
+    response=SandboxOut,
+    status=201,
+    errors=(404, 429),
+)
+async def create_sandbox(call: Call) -> SandboxOut:
+    return sandbox_out(await call.services.sandboxes.create(call.tenant, call.body))
+
+
+@endpoint(
+    "GET",
+    "/v1/sandboxes",
+    summary="The tenant's sandboxes",
+    tags=TAGS,
+    query=SandboxQuery,
+    response=SandboxList,
+)
+async def list_sandboxes(call: Call) -> SandboxList:
+    q: SandboxQuery = call.query
+    rows = await call.services.sandboxes.list(call.tenant.tenant_id, state=q.state, limit=q.limit)
+    return SandboxList(sandboxes=[sandbox_out(r) for r in rows])
+
+
+@endpoint("GET", ONE, summary="One sandbox", tags=TAGS, response=SandboxOut)
+async def get_sandbox(call: Call) -> SandboxOut:
+    row = await call.services.sandboxes.refresh(call.tenant.tenant_id, call.path["sandbox_id"])
+    return sandbox_out(row)
+
+
+@endpoint("DELETE", ONE, summary="Destroy a sandbox", tags=TAGS, response=SandboxOut)
+async def delete_sandbox(call: Call) -> SandboxOut:
+    row = await call.services.sandboxes.destroy(call.tenant.tenant_id, call.path["sandbox_id"])
+    return sandbox_out(row)
+
+
+def _action(name: str, summary: str) -> Endpoint:
+    async def handler(call: Call) -> SandboxOut:
+        row = await call.services.sandboxes.action(
+            call.tenant.tenant_id, call.path["sandbox_id"], name
+        )
+        return sandbox_out(row)
+
+    handler.__name__ = f"{name}_sandbox"
+    return endpoint("POST", f"{ONE}/{name}", summary=summary, tags=TAGS, response=SandboxOut)(
+        handler
+    )
+
+
+pause_sandbox = _action("pause", "Freeze every process of a sandbox")
+resume_sandbox = _action("resume", "Thaw a paused sandbox")
+
+
+@endpoint(
+    "POST",
+    f"{ONE}/timeout",
+    summary="End the sandbox this long from now",
+    tags=TAGS,
+    body=TimeoutBody,
+    response=SandboxOut,
+)
+async def set_timeout(call: Call) -> SandboxOut:
+    body: TimeoutBody = call.body
+    row = await call.services.sandboxes.action(
+        call.tenant.tenant_id, call.path["sandbox_id"], "timeout", {"ttl_s": body.ttl_s}
+    )
+    return sandbox_out(row)
+
+
+@endpoint(
+    "POST",
+    f"{ONE}/exec",
+    summary="Run a command in the sandbox",
+    tags=TAGS,
+    body=ExecBody,
+    response=ExecOut,
+)
+async def exec_command(call: Call) -> ExecOut | Response:
+    body: ExecBody = call.body
+    request = ExecRequest(
+        cmd=body.argv(),
+        env=body.env,
+        cwd=body.cwd,
+        user=body.user,
+        stdin=body.stdin,
+        timeout_s=body.timeout_s,
+        max_output_bytes=EXEC_OUTPUT_CAP,
+    )
+    events = await call.services.sandboxes.exec(
+        call.tenant.tenant_id, call.path["sandbox_id"], request
+    )
+    if body.stream:
+
+        async def lines() -> AsyncIterator[bytes]:
+            async for event in events:
+                yield event.model_dump_json().encode() + b"\n"
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+    return ExecOut(**(await collect(events)).model_dump())
+
+
+@endpoint(
+    "GET",
+    f"{ONE}/files",
+    summary="Download a file (raw bytes)",
+    tags=TAGS,
+    query=PathQuery,
+)
+async def read_file(call: Call) -> Response:
+    q: PathQuery = call.query
+    node = await call.services.sandboxes.node_for(call.tenant.tenant_id, call.path["sandbox_id"])
+    data = await node.read_file(call.path["sandbox_id"], q.path, max_bytes=MAX_FILE_BYTES)
+    return Response(data, media_type="application/octet-stream")
+
+
+@endpoint(
+    "PUT",
+    f"{ONE}/files",
+    summary="Upload a file (the body is its bytes)",
+    tags=TAGS,
+    query=PathQuery,
+    response=FileEntry,
+)
+async def write_file(call: Call) -> FileEntry:
+    q: PathQuery = call.query
+    data = await call.request.body()
+    if len(data) > MAX_FILE_BYTES:
+        raise PayloadTooLarge(f"a file is at most {MAX_FILE_BYTES} bytes")
+    node = await call.services.sandboxes.node_for(call.tenant.tenant_id, call.path["sandbox_id"])
+    mode = int(q.mode, 8) if q.mode else None
+    return await node.write_file(call.path["sandbox_id"], q.path, data, user=q.user, mode=mode)
+
+
+@endpoint(
+    "GET",
+    f"{ONE}/files/stat",
+    summary="A file's metadata",
+    tags=TAGS,
+    query=PathQuery,
+    response=FileEntry,
+)
+async def stat_file(call: Call) -> FileEntry:
+    q: PathQuery = call.query
+    node = await call.services.sandboxes.node_for(call.tenant.tenant_id, call.path["sandbox_id"])
+    return await node.stat(call.path["sandbox_id"], q.path)
+
+
+@endpoint(
+    "GET",
+    f"{ONE}/files/list",
+    summary="A directory's entries",
+    tags=TAGS,
+    query=PathQuery,
+    response=EntryList,
+)
+async def list_files(call: Call) -> EntryList:
+    q: PathQuery = call.query
+    node = await call.services.sandboxes.node_for(call.tenant.tenant_id, call.path["sandbox_id"])
+    return EntryList(entries=await node.list_dir(call.path["sandbox_id"], q.path, depth=q.depth))
+
+
+@endpoint(
+    "POST",
+    f"{ONE}/files/mkdir",
+    summary="Make a directory and its parents",
+    tags=TAGS,
+    body=PathBody,
+    response=FileEntry,
+)
+async def make_dir(call: Call) -> FileEntry:
+    body: PathBody = call.body
+    node = await call.services.sandboxes.node_for(call.tenant.tenant_id, call.path["sandbox_id"])
+    return await node.make_dir(call.path["sandbox_id"], body.path, user=body.user)
+
+
+@endpoint(
+    "POST",
+    f"{ONE}/files/remove",
+    summary="Remove a file or a directory tree",
+    tags=TAGS,
+    body=PathBody,
+    status=204,
+)
+async def remove_file(call: Call) -> Response:
+    body: PathBody = call.body
+    if body.path.strip() in ("/", ""):
+        raise InvalidPath("the sandbox's root cannot be removed")
+    node = await call.services.sandboxes.node_for(call.tenant.tenant_id, call.path["sandbox_id"])
+    await node.remove(call.path["sandbox_id"], body.path)
+    return Response(status_code=204)
+
+
+@endpoint(
+    "POST",
+    f"{ONE}/files/move",
+    summary="Move or rename",
+    tags=TAGS,
+    body=MoveBody,
+    response=FileEntry,
+)
+async def move_file(call: Call) -> FileEntry:
+    body: MoveBody = call.body
+    node = await call.services.sandboxes.node_for(call.tenant.tenant_id, call.path["sandbox_id"])
+    return await node.move(call.path["sandbox_id"], body.source, body.destination)
+
+
+endpoints = [
+    create_sandbox,
+    list_sandboxes,
+    get_sandbox,
+    delete_sandbox,
+    pause_sandbox,
+    resume_sandbox,
+    set_timeout,
+    exec_command,
+    read_file,
+    write_file,
+    stat_file,
+    list_files,
+    make_dir,
+    remove_file,
+    move_file,
+]

@@ -1,0 +1,1 @@
+"""Stateful sandboxes in the control plane: records, placement, routing to nodes."""

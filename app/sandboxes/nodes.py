@@ -1,0 +1,189 @@
+"""The gateway's client of a node's sandbox API (``runtimes.sandboxes.http``).
+
+A node's address comes from its catalogue report: ``host:port`` (a separate node) or
+``unix:PATH`` (the node embedded in ``corral serve``); the same requests go to both.
+Node errors come back as the gateway's own (``app.errors``) with stable codes; a node
+that cannot be reached is ``NodeUnavailable`` (503), never a 500.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+from pydantic import TypeAdapter
+
+from app.errors import (
+    BadRequest,
+    Conflict,
+    CorralError,
+    ImageNotFound,
+    InvalidPath,
+    NodeUnavailable,
+    NotFound,
+    PathNotFound,
+    PayloadTooLarge,
+    SandboxNotRunning,
+    ValidationFailed,
+)
+from wire.sandboxes import (
+    EXEC_EVENT,
+    ExecEvent,
+    ExecRequest,
+    FileEntry,
+    SandboxInventory,
+    SandboxSpec,
+    SandboxStatus,
+)
+
+log = logging.getLogger(__name__)
+
+_ENTRIES = TypeAdapter(list[FileEntry])
+#: node error code -> the gateway's error
+_ERRORS: dict[str, type[CorralError]] = {
+    "sandbox_not_found": NotFound,
+    "sandbox_not_running": SandboxNotRunning,
+    "invalid_path": InvalidPath,
+    "path_not_found": PathNotFound,
+    "path_exists": Conflict,
+    "not_a_directory": InvalidPath,
+    "file_too_large": PayloadTooLarge,
+    "payload_too_large": PayloadTooLarge,
+    "image_not_found": ImageNotFound,
+    "validation_error": ValidationFailed,
+    "bad_request": BadRequest,
+}
+TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+
+
+class NodeClient:
+    """One node's sandbox API."""
+
+    def __init__(self, node_id: str, address: str, token: str) -> None:
+        self.node_id = node_id
+        self.address = address
+        if address.startswith("unix:"):
+            transport = httpx.AsyncHTTPTransport(uds=address.removeprefix("unix:"))
+            base_url = "http://node"
+        else:
+            transport = httpx.AsyncHTTPTransport()
+            base_url = f"http://{address}"
+        self._http = httpx.AsyncClient(
+            transport=transport,
+            base_url=base_url,
+            headers={"authorization": f"Bearer {token}"},
+            timeout=TIMEOUT,
+        )
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = await self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise NodeUnavailable(f"node {self.node_id} cannot be reached: {exc}") from exc
+        if response.status_code >= 400:
+            raise _error(response)
+        return response
+
+    async def create(self, spec: SandboxSpec) -> SandboxStatus:
+        # creation can wait for an image or a slow start: no read timeout shorter than that
+        response = await self._call(
+            "POST", "/sandboxes", content=spec.model_dump_json(), timeout=httpx.Timeout(300.0)
+        )
+        return SandboxStatus.model_validate_json(response.content)
+
+    async def inventory(self) -> SandboxInventory:
+        response = await self._call("GET", "/sandboxes")
+        return SandboxInventory.model_validate_json(response.content)
+
+    async def status(self, sandbox_id: str) -> SandboxStatus:
+        response = await self._call("GET", f"/sandboxes/{sandbox_id}")
+        return SandboxStatus.model_validate_json(response.content)
+
+    async def destroy(self, sandbox_id: str) -> SandboxStatus:
+        response = await self._call("DELETE", f"/sandboxes/{sandbox_id}")
+        return SandboxStatus.model_validate_json(response.content)
+
+    async def action(self, sandbox_id: str, action: str, body: Any = None) -> SandboxStatus:
+        response = await self._call("POST", f"/sandboxes/{sandbox_id}/{action}", json=body or {})
+        return SandboxStatus.model_validate_json(response.content)
+
+    async def exec(self, sandbox_id: str, request: ExecRequest) -> AsyncIterator[ExecEvent]:
+        """The command's events as the node streams them."""
+        path = f"/sandboxes/{sandbox_id}/exec"
+        read_s = (request.timeout_s or 86400.0) + 30.0
+        try:
+            async with self._http.stream(
+                "POST",
+                path,
+                content=request.model_dump_json(),
+                timeout=httpx.Timeout(read_s, connect=5.0),
+            ) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise _error(response)
+                async for line in response.aiter_lines():
+                    if line:
+                        yield EXEC_EVENT.validate_json(line)
+        except httpx.TransportError as exc:
+            raise NodeUnavailable(f"node {self.node_id} cannot be reached: {exc}") from exc
+
+    async def read_file(self, sandbox_id: str, path: str, *, max_bytes: int) -> bytes:
+        params = {"path": path, "max_bytes": str(max_bytes)}
+        response = await self._call("GET", f"/sandboxes/{sandbox_id}/files", params=params)
+        return response.content
+
+    async def write_file(
+        self, sandbox_id: str, path: str, data: bytes, *, user: str | None, mode: int | None
+    ) -> FileEntry:
+        params = {"path": path}
+        if user:
+            params["user"] = user
+        if mode is not None:
+            params["mode"] = format(mode, "o")
+        response = await self._call(
+            "PUT", f"/sandboxes/{sandbox_id}/files", params=params, content=data
+        )
+        return FileEntry.model_validate_json(response.content)
+
+    async def stat(self, sandbox_id: str, path: str) -> FileEntry:
+        response = await self._call(
+            "GET", f"/sandboxes/{sandbox_id}/fs/stat", params={"path": path}
+        )
+        return FileEntry.model_validate_json(response.content)
+
+    async def list_dir(self, sandbox_id: str, path: str, *, depth: int) -> list[FileEntry]:
+        params = {"path": path, "depth": str(depth)}
+        response = await self._call("GET", f"/sandboxes/{sandbox_id}/fs/list", params=params)
+        return _ENTRIES.validate_json(response.content)
+
+    async def make_dir(self, sandbox_id: str, path: str, *, user: str | None) -> FileEntry:
+        body = {"path": path, "user": user}
+        response = await self._call("POST", f"/sandboxes/{sandbox_id}/fs/mkdir", json=body)
+        return FileEntry.model_validate_json(response.content)
+
+    async def remove(self, sandbox_id: str, path: str) -> None:
+        await self._call("POST", f"/sandboxes/{sandbox_id}/fs/remove", json={"path": path})
+
+    async def move(self, sandbox_id: str, source: str, destination: str) -> FileEntry:
+        body = {"source": source, "destination": destination}
+        response = await self._call("POST", f"/sandboxes/{sandbox_id}/fs/move", json=body)
+        return FileEntry.model_validate_json(response.content)
+
+
+def _error(response: httpx.Response) -> CorralError:
+    try:
+        body = json.loads(response.content)
+        code, message = str(body.get("error")), str(body.get("message"))
+    except (ValueError, AttributeError):
+        code, message = "", response.text[:200]
+    kind = _ERRORS.get(code)
+    if kind is None:
+        log.error("node answered %s %s: %s", response.status_code, code, message)
+        return NodeUnavailable(f"the node failed: {message}")
+    return kind(message)

@@ -1,0 +1,324 @@
+"""Sandboxes as the control plane sees them: records, quotas, placement, routing.
+
+A create is admitted against the tenant's ``max_concurrent_sandboxes`` (the row is
+written first and counted after, so two creates racing for the last place cannot both
+win), placed on a node that offers the backend (best of two by live sandboxes and free
+memory), and created there; the row then holds the node, the image digest and the
+phase timings. Every later operation is routed to that node. ``sync`` (run by the
+reconciler's loop) makes records and nodes agree: a record whose node no longer has the
+sandbox is stopped with the node's reason (expired, idle) or "lost"; a sandbox a node
+holds with no live record is destroyed.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.auth.principal import Principal
+from app.db.models import Sandbox
+from app.errors import ConcurrencyLimited, CorralError, NoCapacity, NodeUnavailable, NotFound
+from app.placement.catalogue import Catalogue
+from app.sandboxes.nodes import NodeClient
+from app.schemas.sandboxes import CreateSandbox
+from wire.ids import new_id
+from wire.messages import NodeReport
+from wire.sandboxes import ExecEvent, ExecRequest, SandboxSpec, SandboxState, SandboxStatus
+
+log = logging.getLogger(__name__)
+
+LIVE = (SandboxState.CREATING, SandboxState.RUNNING, SandboxState.PAUSED)
+#: a record still ``creating`` after this long lost its create (gateway died meanwhile)
+CREATE_GRACE = timedelta(minutes=10)
+#: a node missing from the catalogue this long has lost its sandboxes (a node only
+#: briefly thought dead keeps them: its sandboxes are records' truth, not its heartbeat)
+LOST_AFTER = timedelta(minutes=2)
+
+
+def _at(epoch: float) -> datetime:
+    return datetime.fromtimestamp(epoch, UTC)
+
+
+class Sandboxes:
+    def __init__(
+        self,
+        *,
+        sessions: async_sessionmaker[AsyncSession],
+        catalogue: Catalogue,
+        node_token: str | None,
+    ) -> None:
+        self._sessions = sessions
+        self._catalogue = catalogue
+        self._token = node_token
+        self._clients: dict[tuple[str, str], NodeClient] = {}
+        self._absent_since: dict[str, datetime] = {}
+
+    async def close(self) -> None:
+        for client in self._clients.values():
+            await client.close()
+        self._clients.clear()
+
+    # --- records ----------------------------------------------------------------------
+    async def get(self, tenant_id: str, sandbox_id: str) -> Sandbox:
+        async with self._sessions() as session:
+            row = await session.get(Sandbox, sandbox_id)
+        if row is None or row.tenant_id != tenant_id:
+            raise NotFound(f"no sandbox {sandbox_id}")
+        return row
+
+    async def list(self, tenant_id: str, *, state: str | None, limit: int) -> list[Sandbox]:
+        query = select(Sandbox).where(Sandbox.tenant_id == tenant_id)
+        if state == "live":
+            query = query.where(Sandbox.state.in_([s.value for s in LIVE]))
+        elif state is not None:
+            query = query.where(Sandbox.state == state)
+        query = query.order_by(Sandbox.created_at.desc()).limit(limit)
+        async with self._sessions() as session:
+            return list((await session.scalars(query)).all())
+
+    async def _update(self, sandbox_id: str, **fields: Any) -> Sandbox:
+        async with self._sessions() as session, session.begin():
+            row = await session.get(Sandbox, sandbox_id)
+            if row is None:
+                raise NotFound(f"no sandbox {sandbox_id}")
+            for name, value in fields.items():
+                setattr(row, name, value)
+        return row
+
+    async def _apply(self, row: Sandbox, status: SandboxStatus) -> Sandbox:
+        """Store what a node says of the sandbox."""
+        fields: dict[str, Any] = {
+            "state": status.state.value,
+            "expires_at": _at(status.expires_at),
+            "image_digest": status.image_digest,
+        }
+        if status.cpu_ms is not None:
+            fields["cpu_ms"] = status.cpu_ms
+        if status.memory_bytes is not None:
+            fields["memory_bytes"] = status.memory_bytes
+        if status.state is SandboxState.STOPPED:
+            fields["ended_at"] = row.ended_at or datetime.now(UTC)
+            fields["reason"] = status.reason
+        return await self._update(row.id, **fields)
+
+    # --- create -----------------------------------------------------------------------
+    async def create(self, principal: Principal, body: CreateSandbox) -> Sandbox:
+        tenant_id = principal.tenant_id
+        received = datetime.now(UTC)
+        row = Sandbox(
+            id=new_id("sbx"),
+            tenant_id=tenant_id,
+            backend=body.backend,
+            image=body.image,
+            state=SandboxState.CREATING.value,
+            spec=body.model_dump(mode="json", exclude={"env", "metadata"})
+            | {"env_keys": sorted(body.env)},
+            meta=dict(body.metadata),
+            created_at=received,
+        )
+        limit = principal.quota.max_concurrent_sandboxes
+        async with self._sessions() as session, session.begin():
+            session.add(row)
+        async with self._sessions() as session:
+            live = await session.scalar(
+                select(func.count())
+                .select_from(Sandbox)
+                .where(Sandbox.tenant_id == tenant_id)
+                .where(Sandbox.state.in_([s.value for s in LIVE]))
+            )
+        if (live or 0) > limit:
+            await self._update(
+                row.id,
+                state=SandboxState.STOPPED.value,
+                reason="refused: quota",
+                ended_at=datetime.now(UTC),
+            )
+            raise ConcurrencyLimited(
+                f"the tenant holds {limit} live sandboxes, its max_concurrent_sandboxes"
+            )
+        try:
+            node = await self._place(body.backend)
+            spec = SandboxSpec(
+                sandbox_id=row.id,
+                tenant_id=tenant_id,
+                backend=body.backend,
+                image=body.image,
+                cpu=body.cpu,
+                memory_mb=body.memory_mb,
+                disk_mb=body.disk_mb,
+                ttl_s=body.ttl_s,
+                idle_timeout_s=body.idle_timeout_s,
+                env=body.env,
+                network=body.network,
+                user=body.user,
+            )
+            placed = datetime.now(UTC)
+            await self._update(row.id, node_id=node.node_id)
+            status = await node.create(spec)
+        except BaseException as exc:
+            reason = exc.message if isinstance(exc, CorralError) else type(exc).__name__
+            await self._update(
+                row.id,
+                state=SandboxState.STOPPED.value,
+                reason=f"failed: {reason}",
+                ended_at=datetime.now(UTC),
+            )
+            raise
+        log.info("sandbox=%s tenant=%s: running on %s", row.id, tenant_id, node.node_id)
+        return await self._update(
+            row.id,
+            state=status.state.value,
+            image_digest=status.image_digest,
+            started_at=datetime.now(UTC),
+            expires_at=_at(status.expires_at),
+            queue_ms=(placed - received).total_seconds() * 1000,
+            image_ms=status.phases.image_ms,
+            setup_ms=status.phases.setup_ms,
+            start_ms=status.phases.start_ms,
+        )
+
+    async def _place(self, backend: str) -> NodeClient:
+        nodes = [
+            n
+            for n in await self._catalogue.nodes()
+            if backend in n.sandbox_backends and n.address is not None
+        ]
+        if not nodes:
+            raise NoCapacity(f"no node offers {backend} sandboxes now")
+        choices = random.sample(nodes, min(2, len(nodes)))
+        best = min(choices, key=lambda n: (n.sandboxes, -n.memory_free_mb))
+        return self._client(best)
+
+    def _client(self, report: NodeReport) -> NodeClient:
+        if self._token is None:
+            raise NodeUnavailable("the gateway has no node token (CORRAL_NODE_TOKEN)")
+        assert report.address is not None
+        key = (report.node_id, report.address)
+        client = self._clients.get(key)
+        if client is None:
+            client = self._clients[key] = NodeClient(report.node_id, report.address, self._token)
+        return client
+
+    async def node_of(self, row: Sandbox) -> NodeClient:
+        """The client of the node holding a live sandbox."""
+        if row.state == SandboxState.STOPPED.value:
+            from app.errors import SandboxNotRunning
+
+            raise SandboxNotRunning(f"sandbox {row.id} has stopped ({row.reason})")
+        for report in await self._catalogue.nodes():
+            if report.node_id == row.node_id and report.address is not None:
+                return self._client(report)
+        raise NodeUnavailable(f"the node of sandbox {row.id} is not reachable now")
+
+    # --- operations -------------------------------------------------------------------
+    async def destroy(self, tenant_id: str, sandbox_id: str) -> Sandbox:
+        row = await self.get(tenant_id, sandbox_id)
+        if row.state == SandboxState.STOPPED.value:
+            return row
+        try:
+            node = await self.node_of(row)
+            status = await node.destroy(sandbox_id)
+        except NotFound:
+            return await self._update(
+                row.id, state="stopped", reason="lost", ended_at=datetime.now(UTC)
+            )
+        return await self._apply(row, status)
+
+    async def action(
+        self, tenant_id: str, sandbox_id: str, action: str, body: Any = None
+    ) -> Sandbox:
+        row = await self.get(tenant_id, sandbox_id)
+        node = await self.node_of(row)
+        return await self._apply(row, await node.action(sandbox_id, action, body))
+
+    async def refresh(self, tenant_id: str, sandbox_id: str) -> Sandbox:
+        """The record, with the node's live readings (memory, CPU) when it is live."""
+        row = await self.get(tenant_id, sandbox_id)
+        if row.state == SandboxState.STOPPED.value:
+            return row
+        try:
+            node = await self.node_of(row)
+            return await self._apply(row, await node.status(sandbox_id))
+        except (NodeUnavailable, NotFound):
+            return row
+
+    async def exec(
+        self, tenant_id: str, sandbox_id: str, request: ExecRequest
+    ) -> AsyncIterator[ExecEvent]:
+        row = await self.get(tenant_id, sandbox_id)
+        node = await self.node_of(row)
+        return node.exec(sandbox_id, request)
+
+    async def node_for(self, tenant_id: str, sandbox_id: str) -> NodeClient:
+        return await self.node_of(await self.get(tenant_id, sandbox_id))
+
+    # --- reconciliation ---------------------------------------------------------------
+    async def sync(self) -> None:
+        """Make the records of live sandboxes and the nodes' inventories agree."""
+        reports = {n.node_id: n for n in await self._catalogue.nodes() if n.address}
+        async with self._sessions() as session:
+            rows = list(
+                (
+                    await session.scalars(
+                        select(Sandbox).where(Sandbox.state.in_([s.value for s in LIVE]))
+                    )
+                ).all()
+            )
+        by_node: dict[str | None, list[Sandbox]] = {}
+        for row in rows:
+            by_node.setdefault(row.node_id, []).append(row)
+        now = datetime.now(UTC)
+        for node_id, report in reports.items():
+            if not report.sandbox_backends:
+                continue
+            try:
+                inventory = await self._client(report).inventory()
+            except CorralError as exc:
+                log.warning("node %s: no sandbox inventory (%s)", node_id, exc.message)
+                continue
+            held = {s.sandbox_id: s for s in inventory.sandboxes}
+            live_ids = {row.id for row in by_node.get(node_id, [])}
+            for row in by_node.get(node_id, []):
+                status = held.get(row.id)
+                if status is not None:
+                    if status.state.value != row.state:
+                        await self._apply(row, status)
+                elif (
+                    row.state != SandboxState.CREATING.value or now - row.created_at > CREATE_GRACE
+                ):
+                    await self._update(row.id, state="stopped", reason="lost", ended_at=now)
+            for sandbox_id, status in held.items():
+                if sandbox_id not in live_ids and status.state is not SandboxState.STOPPED:
+                    known = await self._is_recorded_live(sandbox_id)
+                    if not known:
+                        log.warning(
+                            "sandbox=%s on %s has no live record: destroying", sandbox_id, node_id
+                        )
+                        try:
+                            await self._client(report).destroy(sandbox_id)
+                        except CorralError as exc:
+                            log.warning("sandbox=%s: %s", sandbox_id, exc.message)
+        for node_id in list(self._absent_since):
+            if node_id in reports:
+                del self._absent_since[node_id]
+        for holder, node_rows in by_node.items():
+            if holder is None or holder in reports:
+                continue
+            absent = self._absent_since.setdefault(holder, now)
+            if now - absent < LOST_AFTER:
+                continue
+            for row in node_rows:
+                if now - row.created_at > CREATE_GRACE or row.state != "creating":
+                    log.warning("sandbox=%s: its node %s is gone; lost", row.id, holder)
+                    await self._update(row.id, state="stopped", reason="lost", ended_at=now)
+
+    async def _is_recorded_live(self, sandbox_id: str) -> bool:
+        async with self._sessions() as session:
+            row = await session.get(Sandbox, sandbox_id)
+        return row is not None and row.state in {s.value for s in LIVE}

@@ -1,0 +1,130 @@
+"""Bodies of the sandbox API (``/v1/sandboxes``): backend-neutral, containers today."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from wire.sandboxes import ExecResult, FileEntry, NetworkPolicy
+
+_ENV_KEY = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateSandbox(_Body):
+    backend: str = Field(
+        "crun", pattern=r"^[a-z][a-z0-9_-]{0,15}$", description="crun (containers); microVMs later"
+    )
+    image: str = Field(
+        "python", min_length=1, max_length=256, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@/-]*$"
+    )
+    cpu: float = Field(1.0, gt=0, le=64, description="cores (a quota)")
+    memory_mb: int = Field(512, ge=32, le=262_144)
+    disk_mb: int = Field(1024, ge=16, le=1_048_576, description="size of the writable layer")
+    ttl_s: float = Field(300, gt=0, le=30 * 86400, description="lifetime; /timeout moves it")
+    idle_timeout_s: float | None = Field(None, gt=0, le=30 * 86400)
+    env: dict[str, str] = Field(default_factory=dict, max_length=256)
+    network: NetworkPolicy = NetworkPolicy.NONE
+    user: str = Field("user", min_length=1, max_length=64, description="commands run as")
+    metadata: dict[str, str] = Field(default_factory=dict, max_length=64)
+
+    @model_validator(mode="after")
+    def _check_env(self) -> CreateSandbox:
+        for key in self.env:
+            if not re.fullmatch(_ENV_KEY, key):
+                raise ValueError(f"invalid environment variable name {key!r}")
+        return self
+
+
+class Timings(BaseModel):
+    queue_ms: float | None = None
+    image_ms: float | None = None
+    setup_ms: float | None = None
+    start_ms: float | None = None
+
+
+class SandboxOut(BaseModel):
+    id: str
+    backend: str
+    image: str
+    image_digest: str | None
+    state: str
+    node_id: str | None
+    cpu: float
+    memory_mb: int
+    disk_mb: int
+    created_at: datetime
+    started_at: datetime | None
+    expires_at: datetime | None
+    ended_at: datetime | None
+    reason: str | None
+    metadata: dict[str, str]
+    timings: Timings
+    cpu_ms: float | None = None
+    memory_bytes: int | None = None
+
+
+class SandboxList(BaseModel):
+    sandboxes: list[SandboxOut]
+
+
+class SandboxQuery(_Body):
+    state: Literal["creating", "running", "paused", "stopped", "live"] | None = Field(
+        "live", description="live: creating, running or paused"
+    )
+    limit: int = Field(100, ge=1, le=1000)
+
+
+class ExecBody(_Body):
+    cmd: list[str] | None = Field(None, min_length=1, max_length=4096)
+    command: str | None = Field(None, max_length=1 << 20, description="run by /bin/sh -c")
+    env: dict[str, str] = Field(default_factory=dict, max_length=256)
+    cwd: str | None = Field(None, max_length=4096)
+    user: str | None = Field(None, max_length=64)
+    stdin: str | None = Field(None, max_length=16 << 20)
+    timeout_s: float | None = Field(60.0, gt=0, le=86400)
+    stream: bool = Field(False, description="answer NDJSON events as they come")
+
+    @model_validator(mode="after")
+    def _one_command(self) -> ExecBody:
+        if (self.cmd is None) == (self.command is None):
+            raise ValueError("give exactly one of cmd (argv) and command (a shell line)")
+        return self
+
+    def argv(self) -> list[str]:
+        return self.cmd if self.cmd is not None else ["/bin/sh", "-c", self.command or ""]
+
+
+class ExecOut(ExecResult):
+    pass
+
+
+class TimeoutBody(_Body):
+    ttl_s: float = Field(gt=0, le=30 * 86400, description="the sandbox ends this long from now")
+
+
+class PathQuery(_Body):
+    path: str = Field(min_length=1, max_length=4096)
+    user: str | None = Field(None, max_length=64)
+    mode: str | None = Field(None, pattern=r"^[0-7]{3,4}$")
+    depth: int = Field(1, ge=1, le=16)
+
+
+class PathBody(_Body):
+    path: str = Field(min_length=1, max_length=4096)
+    user: str | None = Field(None, max_length=64)
+
+
+class MoveBody(_Body):
+    source: str = Field(min_length=1, max_length=4096)
+    destination: str = Field(min_length=1, max_length=4096)
+
+
+class EntryList(BaseModel):
+    entries: list[FileEntry]

@@ -1,0 +1,203 @@
+"""The seam every sandbox backend sits behind (crun containers today, microVMs next).
+
+A backend makes, runs and removes sandboxes on this node; the node's
+``SandboxManager`` decides when (TTL, idle timeout, reconciliation) and keeps the
+statuses. Every method is keyed by sandbox id, idempotent where it can be (``destroy`` of
+a sandbox that is gone succeeds), and raises a ``SandboxError`` subclass whose ``code``
+the node's API answers with (the gateway maps it to its own errors):
+
+    SandboxError              500 sandbox_error
+    ├── SandboxNotFound       404 sandbox_not_found
+    ├── SandboxNotRunning     409 sandbox_not_running   (paused or stopped)
+    ├── SandboxPathError      400 invalid_path
+    │   ├── PathNotFound      404 path_not_found
+    │   ├── PathExists        409 path_exists
+    │   └── NotADirectory     400 not_a_directory
+    ├── FileTooLarge          413 file_too_large
+    ├── ImageUnavailable      404 image_not_found
+    └── BackendUnavailable    503 backend_unavailable
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+from wire.sandboxes import (
+    ExecEvent,
+    ExecRequest,
+    FileEntry,
+    Phases,
+    SandboxSpec,
+)
+
+if TYPE_CHECKING:
+    from runtimes.node.settings import NodeSettings
+
+
+class SandboxError(Exception):
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "sandbox_error"
+
+
+class SandboxNotFound(SandboxError):
+    status, code = 404, "sandbox_not_found"
+
+
+class SandboxNotRunning(SandboxError):
+    status, code = 409, "sandbox_not_running"
+
+
+class SandboxPathError(SandboxError):
+    status, code = 400, "invalid_path"
+
+
+class PathNotFound(SandboxPathError):
+    status, code = 404, "path_not_found"
+
+
+class PathExists(SandboxPathError):
+    status, code = 409, "path_exists"
+
+
+class NotADirectory(SandboxPathError):
+    status, code = 400, "not_a_directory"
+
+
+class FileTooLarge(SandboxError):
+    status, code = 413, "file_too_large"
+
+
+class ImageUnavailable(SandboxError):
+    status, code = 404, "image_not_found"
+
+
+class BackendUnavailable(SandboxError):
+    status, code = 503, "backend_unavailable"
+
+
+@dataclass(frozen=True, slots=True)
+class RootImage:
+    """The read-only base a sandbox starts from (resolved by the node's image store)."""
+
+    digest: str
+    rootfs: Path
+    env: tuple[tuple[str, str], ...] = ()
+    workdir: str = "/"
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    memory_bytes: int | None = None
+    cpu_ms: float | None = None
+    disk_bytes: int | None = None
+
+
+class Process(ABC):
+    """One command running in a sandbox, started by ``SandboxBackend.exec``."""
+
+    pid: int  #: inside the sandbox
+
+    @abstractmethod
+    def events(self) -> AsyncIterator[ExecEvent]:
+        """``ExecStarted``, then ``ExecOutput`` as it comes, then one ``ExecExit``. Can be
+        iterated once; output beyond the request's cap is counted, not kept."""
+
+    @abstractmethod
+    async def signal(self, signum: int) -> None:
+        """Send ``signum`` to the command's whole session."""
+
+    @abstractmethod
+    async def write_stdin(self, data: bytes) -> None: ...
+
+    @abstractmethod
+    async def close_stdin(self) -> None: ...
+
+
+class SandboxBackend(ABC):
+    """How one kind of sandbox is made and used on a node."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    async def start(self) -> list[str]:
+        """Prepare the backend; return the ids of sandboxes a previous node process left
+        running (the manager destroys those it holds no record of)."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Release the backend (sandboxes are left to the manager)."""
+
+    @abstractmethod
+    async def create(self, spec: SandboxSpec, image: RootImage) -> Phases:
+        """Make and start the sandbox; on failure nothing of it is left."""
+
+    @abstractmethod
+    async def destroy(self, sandbox_id: str) -> None:
+        """Kill every process of the sandbox and release its mounts, cgroups and files.
+        Succeeds when the sandbox is already gone."""
+
+    @abstractmethod
+    async def pause(self, sandbox_id: str) -> None:
+        """Freeze every process of the sandbox (memory kept, no CPU)."""
+
+    @abstractmethod
+    async def resume(self, sandbox_id: str) -> None: ...
+
+    @abstractmethod
+    async def exec(self, sandbox_id: str, request: ExecRequest, *, default_user: str) -> Process:
+        """Start a command; it runs until it exits, its timeout, or the sandbox ends."""
+
+    @abstractmethod
+    async def read_file(self, sandbox_id: str, path: str, *, max_bytes: int) -> bytes: ...
+
+    @abstractmethod
+    async def write_file(
+        self, sandbox_id: str, path: str, data: bytes, *, user: str, mode: int = 0o644
+    ) -> FileEntry:
+        """Write a whole file (parents made as needed, owned by ``user``)."""
+
+    @abstractmethod
+    async def list_dir(self, sandbox_id: str, path: str, *, depth: int = 1) -> list[FileEntry]: ...
+
+    @abstractmethod
+    async def stat(self, sandbox_id: str, path: str) -> FileEntry: ...
+
+    @abstractmethod
+    async def make_dir(self, sandbox_id: str, path: str, *, user: str) -> FileEntry:
+        """Make a directory and its parents; ``PathExists`` if it exists already."""
+
+    @abstractmethod
+    async def remove(self, sandbox_id: str, path: str) -> None:
+        """Remove a file or a whole directory tree."""
+
+    @abstractmethod
+    async def move(self, sandbox_id: str, source: str, destination: str) -> FileEntry: ...
+
+    @abstractmethod
+    async def usage(self, sandbox_id: str) -> Usage: ...
+
+
+Factory = Callable[["NodeSettings"], SandboxBackend]
+_BACKENDS: dict[str, Factory] = {}
+
+
+def register(name: str, factory: Factory) -> None:
+    """Make a backend available under ``name`` (``NodeSettings.sandbox_backends``)."""
+    _BACKENDS[name] = factory
+
+
+def backend_names() -> list[str]:
+    return sorted(_BACKENDS)
+
+
+def create_backend(name: str, settings: NodeSettings) -> SandboxBackend:
+    try:
+        factory = _BACKENDS[name]
+    except KeyError:
+        known = ", ".join(backend_names())
+        raise BackendUnavailable(f"no sandbox backend named {name!r} (known: {known})") from None
+    return factory(settings)

@@ -1,0 +1,377 @@
+"""Container sandboxes on crun (runc as a fallback): the ``crun`` sandbox backend.
+
+A sandbox on disk (``<data_dir>/sandboxes/<id>/``): ``layer/``, a tmpfs of ``disk_mb``
+holding the overlay's ``upper`` and ``work`` dirs (the writable layer: its size is the
+sandbox's disk, its pages are charged to whoever writes them); ``rootfs/``, the overlay
+of that layer on the image's read-only root; ``config.json``. The runtime keeps its
+state under ``<data_dir>/sandboxes/.state`` (``crun --root``), which is how a restarted
+node finds the sandboxes it left running (``start``). ``destroy`` kills the container,
+deletes it (its cgroups go with it), and unmounts and removes the rest; every step is
+safe to repeat, so a half-made or half-destroyed sandbox is finished off by the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from runtimes.sandboxes import rooted
+from runtimes.sandboxes.base import (
+    BackendUnavailable,
+    RootImage,
+    SandboxBackend,
+    SandboxError,
+    SandboxNotFound,
+    SandboxNotRunning,
+    Usage,
+)
+from runtimes.sandboxes.crun import bundle, mounts
+from runtimes.sandboxes.crun.process import CrunProcess
+from runtimes.sandboxes.rooted import Account, RootedFS
+from wire.sandboxes import ExecRequest, FileEntry, Phases, SandboxSpec
+
+log = logging.getLogger(__name__)
+
+CGROUP_PARENT = "corral-sandboxes"
+#: built by scripts/setup-sandboxes.sh
+DEFAULT_INIT = Path(__file__).resolve().parents[3] / "deploy" / "sandbox" / "bin" / "corral-init"
+CGROUP_V1 = Path("/sys/fs/cgroup")
+PID_FILE_WAIT_S = 5.0
+
+
+class RuntimeCommandError(SandboxError):
+    pass
+
+
+class CrunBackend(SandboxBackend):
+    name = "crun"
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        runtime: str = "crun",
+        init_binary: Path | None = None,
+        cgroup_root: Path = CGROUP_V1,
+    ) -> None:
+        self.root = (data_dir / "sandboxes").resolve()
+        self.state_dir = self.root / ".state"
+        self.runtime = runtime
+        self.init_binary = init_binary or DEFAULT_INIT
+        self.cgroup_root = cgroup_root
+        self._binary: str | None = None
+        self._processes: dict[str, set[CrunProcess]] = {}
+
+    # --- set-up -----------------------------------------------------------------------
+    async def start(self) -> list[str]:
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.root, 0o700)
+        self.state_dir.mkdir(exist_ok=True, mode=0o700)
+        self._binary = shutil.which(self.runtime)
+        if self._binary is None:
+            raise BackendUnavailable(
+                f"{self.runtime} is not installed: run scripts/setup-sandboxes.sh"
+            )
+        if not self.init_binary.exists():
+            raise BackendUnavailable(
+                f"{self.init_binary} is missing: run scripts/setup-sandboxes.sh"
+            )
+        if self.runtime == "crun":
+            ensure_hugetlb_mount(self.cgroup_root)
+        listed = await self._runtime_json("list", "--format", "json")
+        return [entry["id"] for entry in listed or []]
+
+    async def close(self) -> None:
+        for processes in self._processes.values():
+            for process in list(processes):
+                await process.kill()
+        self._processes.clear()
+
+    # --- lifecycle ----------------------------------------------------------------------
+    def _dir(self, sandbox_id: str) -> Path:
+        if not sandbox_id.replace("-", "").replace("_", "").isalnum():
+            raise SandboxNotFound(f"no sandbox {sandbox_id!r}")
+        return self.root / sandbox_id
+
+    async def create(self, spec: SandboxSpec, image: RootImage) -> Phases:
+        started = time.monotonic()
+        directory = self._dir(spec.sandbox_id)
+        try:
+            await asyncio.to_thread(self._prepare, spec, image, directory)
+            prepared = time.monotonic()
+            await self._runtime(
+                "run", "--detach", "--bundle", str(directory), spec.sandbox_id, stdio=False
+            )
+        except BaseException:
+            await asyncio.shield(self.destroy(spec.sandbox_id))
+            raise
+        done = time.monotonic()
+        return Phases(setup_ms=(prepared - started) * 1000, start_ms=(done - prepared) * 1000)
+
+    def _prepare(self, spec: SandboxSpec, image: RootImage, directory: Path) -> None:
+        directory.mkdir(mode=0o700)
+        layer, rootfs = directory / "layer", directory / "rootfs"
+        layer.mkdir()
+        rootfs.mkdir()
+        mounts.mount(
+            "corral-layer",
+            layer,
+            "tmpfs",
+            f"size={spec.disk_mb}m,mode=0700",
+            mounts.MS_NOSUID | mounts.MS_NODEV,
+        )
+        (layer / "upper").mkdir()
+        (layer / "work").mkdir()
+        os.chmod(layer / "upper", 0o755)
+        options = f"lowerdir={image.rootfs},upperdir={layer / 'upper'},workdir={layer / 'work'}"
+        mounts.mount("corral-rootfs", rootfs, "overlay", options)
+        config = bundle.config(
+            spec, rootfs=rootfs, init_binary=self.init_binary, cgroup_parent=CGROUP_PARENT
+        )
+        (directory / "config.json").write_text(json.dumps(config))
+        meta = {"digest": image.digest, "env": {**dict(image.env), **spec.env}}
+        (directory / "sandbox.json").write_text(json.dumps(meta))
+
+    async def destroy(self, sandbox_id: str) -> None:
+        directory = self._dir(sandbox_id)
+        for process in list(self._processes.pop(sandbox_id, ())):
+            await process.kill()
+        with contextlib.suppress(RuntimeCommandError):
+            await self._runtime("delete", "--force", sandbox_id)
+        await asyncio.to_thread(self._release, directory)
+
+    def _release(self, directory: Path) -> None:
+        for mount_point in (directory / "rootfs", directory / "layer"):
+            mounts.unmount(mount_point)
+        shutil.rmtree(directory, ignore_errors=True)
+
+    async def pause(self, sandbox_id: str) -> None:
+        await self._require(sandbox_id)
+        await self._runtime("pause", sandbox_id)
+
+    async def resume(self, sandbox_id: str) -> None:
+        await self._require(sandbox_id)
+        await self._runtime("resume", sandbox_id)
+
+    async def _require(self, sandbox_id: str) -> str:
+        """The runtime's status of the sandbox ("running", "paused", ...)."""
+        if not (self._dir(sandbox_id) / "config.json").exists():
+            raise SandboxNotFound(f"no sandbox {sandbox_id}")
+        try:
+            state = await self._runtime_json("state", sandbox_id)
+        except RuntimeCommandError as exc:
+            raise SandboxNotRunning(f"sandbox {sandbox_id} is not running: {exc}") from exc
+        return str(state.get("status", "unknown")) if isinstance(state, dict) else "unknown"
+
+    # --- commands ---------------------------------------------------------------------
+    async def exec(
+        self, sandbox_id: str, request: ExecRequest, *, default_user: str
+    ) -> CrunProcess:
+        status = await self._require(sandbox_id)
+        if status != "running":
+            raise SandboxNotRunning(f"sandbox {sandbox_id} is {status}")
+        directory = self._dir(sandbox_id)
+        fs = RootedFS(directory / "rootfs")
+        account = await asyncio.to_thread(fs.account, request.user or default_user)
+        meta = json.loads((directory / "sandbox.json").read_text())
+        env = {
+            "PATH": bundle.DEFAULT_PATH,
+            "HOME": account.home,
+            "USER": account.name,
+            "LOGNAME": account.name,
+            "LANG": "C.UTF-8",
+            **meta.get("env", {}),
+            **request.env,
+        }
+        cwd = rooted.normalise(request.cwd or account.home or "/", home=account.home)
+        spec = bundle.process(
+            [bundle.INIT_PATH, "exec", *request.cmd],
+            uid=account.uid,
+            gid=account.gid,
+            cwd=cwd,
+            env=env,
+        )
+        token = os.urandom(6).hex()
+        process_file = directory / f"exec-{token}.json"
+        pid_file = directory / f"exec-{token}.pid"
+        process_file.write_text(json.dumps(spec))
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                self._bin(),
+                "--root",
+                str(self.state_dir),
+                "exec",
+                "--process",
+                str(process_file),
+                "--pid-file",
+                str(pid_file),
+                sandbox_id,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            host_pid = await _wait_for_pid(pid_file, proc)
+        finally:
+            process_file.unlink(missing_ok=True)
+            pid_file.unlink(missing_ok=True)
+        if host_pid is None:
+            err = b""
+            if proc.stderr is not None:
+                with contextlib.suppress(Exception):
+                    err = await asyncio.wait_for(proc.stderr.read(), 1)
+            await proc.wait()
+            raise SandboxError(f"the command could not be started: {err.decode(errors='replace')}")
+        processes = self._processes.setdefault(sandbox_id, set())
+        process = CrunProcess(
+            proc,
+            host_pid=host_pid,
+            procs_file=self._cgroup("pids", sandbox_id) / "cgroup.procs",
+            timeout_s=request.timeout_s,
+            max_output_bytes=request.max_output_bytes,
+            on_exit=lambda: processes.discard(process),
+        )
+        processes.add(process)
+        if request.stdin is not None:
+            await process.write_stdin(request.stdin.encode())
+        if request.stdin is not None or not request.stdin_open:
+            await process.close_stdin()
+        return process
+
+    # --- files --------------------------------------------------------------------------
+    async def _fs(self, sandbox_id: str) -> RootedFS:
+        directory = self._dir(sandbox_id)
+        if not (directory / "config.json").exists():
+            raise SandboxNotFound(f"no sandbox {sandbox_id}")
+        return RootedFS(directory / "rootfs")
+
+    async def _account(self, fs: RootedFS, user: str) -> Account:
+        return await asyncio.to_thread(fs.account, user)
+
+    async def read_file(self, sandbox_id: str, path: str, *, max_bytes: int) -> bytes:
+        fs = await self._fs(sandbox_id)
+        return await asyncio.to_thread(fs.read, path, max_bytes=max_bytes)
+
+    async def write_file(
+        self, sandbox_id: str, path: str, data: bytes, *, user: str, mode: int = 0o644
+    ) -> FileEntry:
+        fs = await self._fs(sandbox_id)
+        owner = await self._account(fs, user)
+        return await asyncio.to_thread(fs.write, path, data, owner=owner, mode=mode)
+
+    async def list_dir(self, sandbox_id: str, path: str, *, depth: int = 1) -> list[FileEntry]:
+        fs = await self._fs(sandbox_id)
+        return await asyncio.to_thread(fs.list_dir, path, depth=depth)
+
+    async def stat(self, sandbox_id: str, path: str) -> FileEntry:
+        fs = await self._fs(sandbox_id)
+        return await asyncio.to_thread(fs.stat, path)
+
+    async def make_dir(self, sandbox_id: str, path: str, *, user: str) -> FileEntry:
+        fs = await self._fs(sandbox_id)
+        owner = await self._account(fs, user)
+        return await asyncio.to_thread(fs.make_dirs, path, owner=owner, exist_ok=False)
+
+    async def remove(self, sandbox_id: str, path: str) -> None:
+        fs = await self._fs(sandbox_id)
+        await asyncio.to_thread(fs.remove, path)
+
+    async def move(self, sandbox_id: str, source: str, destination: str) -> FileEntry:
+        fs = await self._fs(sandbox_id)
+        owner = await self._account(fs, "root")
+        return await asyncio.to_thread(fs.move, source, destination, owner=owner)
+
+    async def usage(self, sandbox_id: str) -> Usage:
+        directory = self._dir(sandbox_id)
+
+        def read() -> Usage:
+            memory = _read_int(self._cgroup("memory", sandbox_id) / "memory.usage_in_bytes")
+            cpu_ns = _read_int(self._cgroup("cpuacct", sandbox_id) / "cpuacct.usage")
+            disk = None
+            with contextlib.suppress(OSError):
+                st = os.statvfs(directory / "layer")
+                disk = (st.f_blocks - st.f_bfree) * st.f_frsize
+            return Usage(
+                memory_bytes=memory,
+                cpu_ms=cpu_ns / 1e6 if cpu_ns is not None else None,
+                disk_bytes=disk,
+            )
+
+        return await asyncio.to_thread(read)
+
+    # --- the runtime's command line -------------------------------------------------------
+    def _cgroup(self, controller: str, sandbox_id: str) -> Path:
+        return self.cgroup_root / controller / CGROUP_PARENT / sandbox_id
+
+    def _bin(self) -> str:
+        if self._binary is None:
+            raise BackendUnavailable("the crun backend is not started")
+        return self._binary
+
+    async def _runtime(self, *args: str, stdio: bool = True) -> bytes:
+        """Run ``crun --root STATE ARGS``; its stdout. ``create``/``run -d`` get /dev/null
+        for stdio: a pipe would be inherited by the container and never reach EOF."""
+        proc = await asyncio.create_subprocess_exec(
+            self._bin(),
+            "--root",
+            str(self.state_dir),
+            *args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE if stdio else asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE if stdio else asyncio.subprocess.DEVNULL,
+        )
+        out, err = await proc.communicate()
+        if proc.returncode != 0:
+            message = (err or b"").decode(errors="replace").strip() or f"exit {proc.returncode}"
+            raise RuntimeCommandError(f"{self.runtime} {args[0]}: {message}")
+        return out or b""
+
+    async def _runtime_json(self, *args: str) -> Any:
+        out = await self._runtime(*args)
+        try:
+            return json.loads(out or b"null")
+        except ValueError as exc:
+            raise RuntimeCommandError(f"{self.runtime} {args[0]}: not JSON") from exc
+
+
+async def _wait_for_pid(pid_file: Path, proc: asyncio.subprocess.Process) -> int | None:
+    deadline = time.monotonic() + PID_FILE_WAIT_S
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            text = pid_file.read_text().strip()  # noqa: ASYNC240 - a tiny file
+            if text:
+                return int(text)
+        if proc.returncode is not None:
+            return None
+        await asyncio.sleep(0.001)
+    return None
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def ensure_hugetlb_mount(cgroup_root: Path) -> None:
+    """crun refuses a hybrid cgroup layout whose hugetlb controller is not mounted as v1
+    (it is left in the v2 tree): mount it once per boot, idempotently."""
+    target = cgroup_root / "hugetlb"
+    if not (cgroup_root / "memory").is_dir() or mounts.is_mount(target):
+        return
+    try:
+        target.mkdir(exist_ok=True)
+        mounts.mount("cgroup", target, "cgroup", "hugetlb")
+        log.info("mounted the hugetlb cgroup controller at %s (crun needs it on v1)", target)
+    except OSError as exc:
+        raise BackendUnavailable(
+            f"crun needs the hugetlb cgroup controller mounted at {target}: {exc}; "
+            "or set the sandbox runtime to runc"
+        ) from exc

@@ -1,0 +1,166 @@
+"""A sandbox's OCI bundle: ``config.json`` for crun (or runc) and the exec process spec.
+
+Namespaces: pid, mount, ipc, uts, cgroup and network (only its own loopback: no
+network). No user namespace yet: a command run as root inside is host root with the
+capability set below only, ``no_new_privs`` and the seccomp allow-list
+(``runtimes.sandboxes.crun.seccomp``); commands run as the image's unprivileged user
+unless asked otherwise. PID 1 is ``corral-init`` (bind-mounted read-only from the node),
+which nothing inside can kill and which reaps orphans.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from runtimes.sandboxes.crun.seccomp import profile
+from wire.sandboxes import SandboxSpec
+
+INIT_PATH = "/.corral/init"
+PERIOD_US = 100_000
+#: what root inside a sandbox may do (Docker's default set, less NET_RAW and MKNOD)
+ROOT_CAPABILITIES = [
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_AUDIT_WRITE",
+    "CAP_SETFCAP",
+]
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+MASKED_PATHS = [
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+    "/sys/devices/virtual/powercap",
+]
+READONLY_PATHS = [
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+]
+NOFILE = 4096
+
+
+def capabilities(uid: int) -> dict[str, list[str]]:
+    caps = ROOT_CAPABILITIES if uid == 0 else []
+    return {
+        "bounding": ROOT_CAPABILITIES,
+        "effective": caps,
+        "permitted": caps,
+        "inheritable": [],
+        "ambient": [],
+    }
+
+
+def process(
+    args: list[str],
+    *,
+    uid: int,
+    gid: int,
+    cwd: str,
+    env: Mapping[str, str],
+) -> dict[str, Any]:
+    """An OCI ``process``: the container's PID 1, or a command ``crun exec`` runs."""
+    return {
+        "terminal": False,
+        "user": {"uid": uid, "gid": gid, "additionalGids": [gid]},
+        "args": args,
+        "env": [f"{k}={v}" for k, v in env.items()],
+        "cwd": cwd,
+        "capabilities": capabilities(uid),
+        "rlimits": [
+            {"type": "RLIMIT_NOFILE", "hard": NOFILE, "soft": NOFILE},
+            {"type": "RLIMIT_CORE", "hard": 0, "soft": 0},
+        ],
+        "noNewPrivileges": True,
+    }
+
+
+def config(
+    spec: SandboxSpec, *, rootfs: Path, init_binary: Path, cgroup_parent: str
+) -> dict[str, Any]:
+    memory = spec.memory_mb << 20
+    init = process([INIT_PATH], uid=65534, gid=65534, cwd="/", env={"PATH": DEFAULT_PATH})
+    return {
+        "ociVersion": "1.0.2",
+        "process": init,
+        "root": {"path": str(rootfs), "readonly": False},
+        "hostname": "sandbox",
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {
+                "destination": "/dev",
+                "type": "tmpfs",
+                "source": "tmpfs",
+                "options": ["nosuid", "strictatime", "mode=755", "size=65536k"],
+            },
+            {
+                "destination": "/dev/pts",
+                "type": "devpts",
+                "source": "devpts",
+                "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"],
+            },
+            {
+                "destination": "/dev/shm",
+                "type": "tmpfs",
+                "source": "shm",
+                "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"],
+            },
+            {
+                "destination": "/dev/mqueue",
+                "type": "mqueue",
+                "source": "mqueue",
+                "options": ["nosuid", "noexec", "nodev"],
+            },
+            {
+                "destination": "/sys",
+                "type": "sysfs",
+                "source": "sysfs",
+                "options": ["nosuid", "noexec", "nodev", "ro"],
+            },
+            {
+                "destination": "/sys/fs/cgroup",
+                "type": "cgroup",
+                "source": "cgroup",
+                "options": ["nosuid", "noexec", "nodev", "relatime", "ro"],
+            },
+            {
+                "destination": INIT_PATH,
+                "type": "bind",
+                "source": str(init_binary),
+                "options": ["bind", "ro", "nosuid", "nodev"],
+            },
+        ],
+        "linux": {
+            "namespaces": [
+                {"type": kind} for kind in ("pid", "network", "ipc", "uts", "mount", "cgroup")
+            ],
+            "cgroupsPath": f"/{cgroup_parent}/{spec.sandbox_id}",
+            "resources": {
+                "devices": [{"allow": False, "access": "rwm"}],
+                "memory": {"limit": memory, "swap": memory},
+                "pids": {"limit": spec.pids},
+                "cpu": {"quota": int(spec.cpu * PERIOD_US), "period": PERIOD_US},
+            },
+            "maskedPaths": MASKED_PATHS,
+            "readonlyPaths": READONLY_PATHS,
+            "seccomp": profile(),
+        },
+    }

@@ -1,0 +1,179 @@
+"""One command in a container sandbox: ``crun exec`` of ``corral-init exec CMD``.
+
+``corral-init exec`` gives the command a session of its own, so its whole tree (children
+and grandchildren that did not start sessions of their own) is found by session id in
+the sandbox's cgroup and signalled together: on timeout, on ``signal``, and on kill.
+Output is read from the pipes as it comes; each stream keeps the request's cap and
+counts what it dropped. When the command has exited, output its background children
+still write is read for a short grace period, then the pipes are closed (a daemon
+holding stdout must not hold the answer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+from runtimes.sandboxes.base import Process
+from wire.sandboxes import ExecEvent, ExecExit, ExecOutput, ExecStarted
+
+log = logging.getLogger(__name__)
+
+#: how long output of background children is still read once the command has exited
+DRAIN_GRACE_S = 0.05
+READ_CHUNK = 64 * 1024
+
+
+def session_members(procs_file: Path, session: int) -> list[int]:
+    """Host pids of the processes in ``procs_file``'s cgroup whose session is ``session``."""
+    try:
+        pids = [int(p) for p in procs_file.read_text().split()]
+    except OSError:
+        return []
+    members = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            if int(fields[3]) == session:  # after the comm: state ppid pgrp session
+                members.append(pid)
+        except (OSError, IndexError, ValueError):
+            continue
+    return members
+
+
+def inner_pid(host_pid: int) -> int | None:
+    """The pid the sandbox sees for ``host_pid`` (the last NSpid)."""
+    try:
+        with open(f"/proc/{host_pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+class CrunProcess(Process):
+    def __init__(
+        self,
+        proc: asyncio.subprocess.Process,
+        *,
+        host_pid: int,
+        procs_file: Path,
+        timeout_s: float | None,
+        max_output_bytes: int,
+        on_exit: Callable[[], None] | None = None,
+    ) -> None:
+        self._proc = proc
+        self.host_pid = host_pid
+        self.pid = inner_pid(host_pid) or 0
+        self._procs_file = procs_file
+        self._timeout_s = timeout_s
+        self._cap = max_output_bytes
+        self._on_exit = on_exit
+        self._queue: asyncio.Queue[ExecEvent | None] = asyncio.Queue()
+        self._kept = {"stdout": 0, "stderr": 0}
+        self._dropped = {"stdout": 0, "stderr": 0}
+        self._signalled: int | None = None
+        self._timed_out = False
+        self._started = time.monotonic()
+        self._task = asyncio.create_task(self._run(), name=f"exec-{host_pid}")
+
+    async def _read(self, stream: asyncio.StreamReader | None, name: str) -> None:
+        if stream is None:
+            return
+        while chunk := await stream.read(READ_CHUNK):
+            room = self._cap - self._kept[name]
+            kept = chunk[: max(room, 0)]
+            self._dropped[name] += len(chunk) - len(kept)
+            if kept:
+                self._kept[name] += len(kept)
+                text = kept.decode("utf-8", "replace")
+                self._queue.put_nowait(ExecOutput(stream=name, data=text))
+
+    async def _run(self) -> None:
+        self._queue.put_nowait(ExecStarted(pid=self.pid))
+        readers = asyncio.gather(
+            self._read(self._proc.stdout, "stdout"), self._read(self._proc.stderr, "stderr")
+        )
+        try:
+            try:
+                code = await asyncio.wait_for(self._proc.wait(), self._timeout_s)
+            except TimeoutError:
+                self._timed_out = True
+                await self._kill_session(signal.SIGKILL)
+                code = await self._proc.wait()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(readers), DRAIN_GRACE_S)
+        finally:
+            readers.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await readers
+            for pipe in (self._proc.stdout, self._proc.stderr):
+                if pipe is not None:
+                    pipe.feed_eof()
+            if self._proc.stdin is not None:
+                self._proc.stdin.close()
+            if self._on_exit is not None:
+                self._on_exit()
+        sig = None
+        exit_code: int | None = code
+        if code is not None and code > 128 and (self._timed_out or self._signalled):
+            sig, exit_code = code - 128, None
+        elif code is not None and code < 0:
+            sig, exit_code = -code, None
+        self._queue.put_nowait(
+            ExecExit(
+                exit_code=exit_code,
+                signal=sig,
+                timed_out=self._timed_out,
+                duration_ms=(time.monotonic() - self._started) * 1000,
+                stdout_truncated=self._dropped["stdout"] > 0,
+                stderr_truncated=self._dropped["stderr"] > 0,
+            )
+        )
+        self._queue.put_nowait(None)
+
+    async def events(self) -> AsyncIterator[ExecEvent]:
+        while (event := await self._queue.get()) is not None:
+            yield event
+
+    async def _kill_session(self, signum: int) -> None:
+        """Signal every process of the command's session, again until none is left when
+        the signal kills (a forking tree keeps making new ones for a while)."""
+        for _ in range(50 if signum == signal.SIGKILL else 1):
+            members = session_members(self._procs_file, self.host_pid)
+            if not members:
+                return
+            for pid in members:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signum)
+            await asyncio.sleep(0.005)
+        log.warning("exec %s: processes of its session survived SIGKILL", self.host_pid)
+
+    async def signal(self, signum: int) -> None:
+        self._signalled = signum
+        await self._kill_session(signum)
+
+    async def write_stdin(self, data: bytes) -> None:
+        stdin = self._proc.stdin
+        if stdin is None or stdin.is_closing():
+            raise BrokenPipeError("the command's stdin is closed")
+        stdin.write(data)
+        await stdin.drain()
+
+    async def close_stdin(self) -> None:
+        if self._proc.stdin is not None:
+            self._proc.stdin.close()
+
+    async def kill(self) -> None:
+        await self._kill_session(signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            self._proc.kill()

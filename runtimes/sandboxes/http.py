@@ -1,0 +1,208 @@
+"""The node's sandbox API: what a gateway calls on the node that holds a sandbox.
+
+Served by the node's own listener beside ``/healthz`` (``runtimes.node.http``), every
+route needs ``Authorization: Bearer <node token>`` (the token gateways and nodes share;
+compared in constant time). Bodies are ``wire.sandboxes`` models; errors are
+``{"error": code, "message": ...}`` with the ``SandboxError``'s status. ``exec`` answers
+NDJSON: one ``ExecEvent`` per line as it happens, the ``exit`` event last.
+
+    POST   /sandboxes                       SandboxSpec -> SandboxStatus
+    GET    /sandboxes                       -> SandboxInventory
+    GET    /sandboxes/{id}                  -> SandboxStatus
+    DELETE /sandboxes/{id}                  -> SandboxStatus
+    POST   /sandboxes/{id}/pause|resume     -> SandboxStatus
+    POST   /sandboxes/{id}/timeout          {"ttl_s"} -> SandboxStatus
+    POST   /sandboxes/{id}/exec             ExecRequest -> NDJSON ExecEvents
+    GET    /sandboxes/{id}/files?path=      -> bytes
+    PUT    /sandboxes/{id}/files?path=&user=&mode=   bytes -> FileEntry
+    GET    /sandboxes/{id}/fs/stat?path=    -> FileEntry
+    GET    /sandboxes/{id}/fs/list?path=&depth=      -> [FileEntry]
+    POST   /sandboxes/{id}/fs/mkdir         {"path", "user"} -> FileEntry
+    POST   /sandboxes/{id}/fs/remove        {"path"}
+    POST   /sandboxes/{id}/fs/move          {"source", "destination"} -> FileEntry
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from runtimes.sandboxes import rooted
+from runtimes.sandboxes.base import SandboxError
+from runtimes.sandboxes.manager import SandboxManager
+from wire.sandboxes import ExecRequest, SandboxInventory, SandboxSpec
+
+log = logging.getLogger(__name__)
+
+MAX_SPEC_BYTES = 1 << 20
+MAX_FILE_BYTES = 256 << 20  #: largest file read or written in one request
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _json(model: BaseModel | list[Any] | dict[str, Any], status: int = 200) -> Response:
+    if isinstance(model, BaseModel):
+        return Response(model.model_dump_json(), status_code=status, media_type="application/json")
+    body = (
+        [m.model_dump(mode="json") if isinstance(m, BaseModel) else m for m in model]
+        if (isinstance(model, list))
+        else model
+    )
+    return JSONResponse(body, status_code=status)
+
+
+def _error(status: int, code: str, message: str) -> Response:
+    return JSONResponse({"error": code, "message": message}, status_code=status)
+
+
+async def _body(request: Request, limit: int = MAX_SPEC_BYTES) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise SandboxBodyTooLarge(f"the body is over {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class SandboxBodyTooLarge(SandboxError):
+    status, code = 413, "payload_too_large"
+
+
+def sandbox_routes(manager: SandboxManager, token: str, *, node_id: str) -> list[Route]:
+    expected = f"Bearer {token}".encode()
+
+    def guarded(handler: Handler) -> Handler:
+        async def run(request: Request) -> Response:
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                return _error(401, "invalid_node_token", "this API needs the node token")
+            try:
+                return await handler(request)
+            except SandboxError as exc:
+                return _error(exc.status, exc.code, str(exc))
+            except ValidationError as exc:
+                detail = "; ".join(
+                    f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()
+                )
+                return _error(422, "validation_error", detail)
+            except (ValueError, KeyError) as exc:
+                return _error(400, "bad_request", str(exc))
+
+        return run
+
+    def sid(request: Request) -> str:
+        return str(request.path_params["sandbox_id"])
+
+    def path_of(request: Request, home: str = "/") -> str:
+        return rooted.normalise(request.query_params.get("path", ""), home=home)
+
+    async def create(request: Request) -> Response:
+        spec = SandboxSpec.model_validate_json(await _body(request))
+        return _json(await manager.create(spec), 201)
+
+    async def inventory(request: Request) -> Response:
+        return _json(SandboxInventory(node_id=node_id, sandboxes=manager.inventory()))
+
+    async def get(request: Request) -> Response:
+        return _json(await manager.status(sid(request)))
+
+    async def delete(request: Request) -> Response:
+        return _json(await manager.destroy(sid(request)))
+
+    async def pause(request: Request) -> Response:
+        return _json(await manager.pause(sid(request)))
+
+    async def resume(request: Request) -> Response:
+        return _json(await manager.resume(sid(request)))
+
+    async def timeout(request: Request) -> Response:
+        body = json.loads(await _body(request))
+        ttl_s = float(body["ttl_s"])
+        if not 0 < ttl_s <= 30 * 86400:
+            raise ValueError("ttl_s must be within (0, 30 days]")
+        return _json(await manager.set_timeout(sid(request), ttl_s))
+
+    async def exec_(request: Request) -> Response:
+        exec_request = ExecRequest.model_validate_json(await _body(request))
+        process = await manager.exec(sid(request), exec_request)
+
+        async def lines() -> AsyncIterator[bytes]:
+            async for event in process.events():
+                yield event.model_dump_json().encode() + b"\n"
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+    async def read_file(request: Request) -> Response:
+        backend, _ = manager.backend_of(sid(request))
+        limit = min(int(request.query_params.get("max_bytes", MAX_FILE_BYTES)), MAX_FILE_BYTES)
+        data = await backend.read_file(sid(request), path_of(request), max_bytes=limit)
+        return Response(data, media_type="application/octet-stream")
+
+    async def write_file(request: Request) -> Response:
+        backend, spec = manager.backend_of(sid(request))
+        data = await _body(request, MAX_FILE_BYTES)
+        user = request.query_params.get("user") or spec.user
+        mode = int(request.query_params.get("mode", "644"), 8)
+        entry = await backend.write_file(
+            sid(request), path_of(request), data, user=user, mode=mode & 0o7777
+        )
+        return _json(entry)
+
+    async def stat(request: Request) -> Response:
+        backend, _ = manager.backend_of(sid(request))
+        return _json(await backend.stat(sid(request), path_of(request)))
+
+    async def list_dir(request: Request) -> Response:
+        backend, _ = manager.backend_of(sid(request))
+        depth = max(1, min(int(request.query_params.get("depth", "1")), 16))
+        return _json(await backend.list_dir(sid(request), path_of(request), depth=depth))
+
+    async def mkdir(request: Request) -> Response:
+        backend, spec = manager.backend_of(sid(request))
+        body = json.loads(await _body(request))
+        path = rooted.normalise(str(body["path"]))
+        user = str(body.get("user") or spec.user)
+        return _json(await backend.make_dir(sid(request), path, user=user))
+
+    async def remove(request: Request) -> Response:
+        backend, _ = manager.backend_of(sid(request))
+        body = json.loads(await _body(request))
+        await backend.remove(sid(request), rooted.normalise(str(body["path"])))
+        return Response(status_code=204)
+
+    async def move(request: Request) -> Response:
+        backend, _ = manager.backend_of(sid(request))
+        body = json.loads(await _body(request))
+        source = rooted.normalise(str(body["source"]))
+        destination = rooted.normalise(str(body["destination"]))
+        return _json(await backend.move(sid(request), source, destination))
+
+    one = "/sandboxes/{sandbox_id}"
+    table: list[tuple[str, Handler, list[str]]] = [
+        ("/sandboxes", create, ["POST"]),
+        ("/sandboxes", inventory, ["GET"]),
+        (one, get, ["GET"]),
+        (one, delete, ["DELETE"]),
+        (f"{one}/pause", pause, ["POST"]),
+        (f"{one}/resume", resume, ["POST"]),
+        (f"{one}/timeout", timeout, ["POST"]),
+        (f"{one}/exec", exec_, ["POST"]),
+        (f"{one}/files", read_file, ["GET"]),
+        (f"{one}/files", write_file, ["PUT"]),
+        (f"{one}/fs/stat", stat, ["GET"]),
+        (f"{one}/fs/list", list_dir, ["GET"]),
+        (f"{one}/fs/mkdir", mkdir, ["POST"]),
+        (f"{one}/fs/remove", remove, ["POST"]),
+        (f"{one}/fs/move", move, ["POST"]),
+    ]
+    return [Route(path, guarded(handler), methods=methods) for path, handler, methods in table]

@@ -1,0 +1,282 @@
+"""The sandboxes one node holds: their statuses, lifetimes and backends.
+
+The manager is the node's only owner of sandboxes. It creates them through a backend,
+keeps each one's status (``wire.sandboxes.SandboxStatus``), destroys those past their
+TTL or idle timeout (a reaper loop, so an abandoned sandbox is freed even if no gateway
+ever asks), and at start-up takes back what a previous node process left running: a
+sandbox whose saved spec it can read is adopted as it is (running or paused), anything
+else the backend holds is destroyed. So no sandbox outlives its node's knowledge of it;
+the gateway's reconciler compares that knowledge (``inventory``) with its records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from runtimes.sandboxes.base import (
+    Process,
+    RootImage,
+    SandboxBackend,
+    SandboxError,
+    SandboxNotFound,
+    SandboxNotRunning,
+)
+from wire.sandboxes import (
+    ExecRequest,
+    Phases,
+    SandboxSpec,
+    SandboxState,
+    SandboxStatus,
+)
+
+log = logging.getLogger(__name__)
+
+REAP_EVERY_S = 1.0
+#: a stopped sandbox's status is kept this long, so that a gateway learns why it ended
+STOPPED_KEPT_S = 600.0
+
+
+@dataclass
+class _Entry:
+    spec: SandboxSpec
+    status: SandboxStatus
+    backend: SandboxBackend
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class SandboxManager:
+    def __init__(
+        self,
+        backends: dict[str, SandboxBackend],
+        resolve_image: Callable[[str], RootImage],
+        *,
+        state_dir: Path,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.backends = backends
+        self._resolve_image = resolve_image
+        self._state_dir = state_dir
+        self._clock = clock
+        self._entries: dict[str, _Entry] = {}
+        self._reaper: asyncio.Task[None] | None = None
+
+    # --- start and stop -------------------------------------------------------------------
+    async def start(self) -> None:
+        self._state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for name, backend in self.backends.items():
+            survivors = set(await backend.start())
+            for saved in sorted(self._state_dir.glob("*.json")):
+                with contextlib.suppress(OSError, ValueError):
+                    status = SandboxStatus.model_validate_json(saved.read_text())
+                    if status.backend != name:
+                        continue
+                    spec = SandboxSpec.model_validate_json(saved.with_suffix(".spec").read_text())
+                    if status.sandbox_id in survivors:
+                        self._entries[status.sandbox_id] = _Entry(spec, status, backend)
+                        log.info("sandbox=%s: adopted after a node restart", status.sandbox_id)
+                        continue
+                self._forget(saved.stem)
+            for orphan in survivors - set(self._entries):
+                log.warning("sandbox=%s: no saved record; destroying it", orphan)
+                with contextlib.suppress(SandboxError):
+                    await backend.destroy(orphan)
+        self._reaper = asyncio.create_task(self._reap_loop(), name="sandbox-reaper")
+
+    async def close(self) -> None:
+        """Stop the reaper; sandboxes keep running (a restarted node adopts them)."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        for backend in self.backends.values():
+            await backend.close()
+
+    async def destroy_all(self, reason: str) -> None:
+        for sandbox_id in list(self._entries):
+            with contextlib.suppress(SandboxError):
+                await self.destroy(sandbox_id, reason=reason)
+
+    # --- lifecycle ------------------------------------------------------------------------
+    async def create(self, spec: SandboxSpec) -> SandboxStatus:
+        if spec.sandbox_id in self._entries:
+            return self._entries[spec.sandbox_id].status  # a retried create
+        backend = self.backends.get(spec.backend)
+        if backend is None:
+            raise SandboxError(f"this node has no {spec.backend!r} sandbox backend")
+        began = time.monotonic()
+        image = await asyncio.to_thread(self._resolve_image, spec.image)
+        image_ms = (time.monotonic() - began) * 1000
+        now = self._clock()
+        status = SandboxStatus(
+            sandbox_id=spec.sandbox_id,
+            tenant_id=spec.tenant_id,
+            backend=spec.backend,
+            image_digest=image.digest,
+            state=SandboxState.CREATING,
+            created_at=now,
+            expires_at=now + spec.ttl_s,
+            last_active_at=now,
+        )
+        entry = _Entry(spec, status, backend)
+        self._entries[spec.sandbox_id] = entry
+        async with entry.lock:
+            self._save(entry)
+            try:
+                phases = await backend.create(spec, image)
+            except BaseException:
+                self._entries.pop(spec.sandbox_id, None)
+                self._forget(spec.sandbox_id)
+                raise
+            status.phases = Phases(
+                image_ms=image_ms, setup_ms=phases.setup_ms, start_ms=phases.start_ms
+            )
+            status.state = SandboxState.RUNNING
+            self._save(entry)
+        log.info(
+            "sandbox=%s tenant=%s: created from %s in %.1f ms",
+            spec.sandbox_id,
+            spec.tenant_id,
+            image.digest[:19],
+            image_ms + phases.setup_ms + phases.start_ms,
+        )
+        return status
+
+    async def destroy(self, sandbox_id: str, *, reason: str = "destroyed") -> SandboxStatus:
+        entry = self._get(sandbox_id)
+        async with entry.lock:
+            if entry.status.state is not SandboxState.STOPPED:
+                await entry.backend.destroy(sandbox_id)
+                entry.status.state = SandboxState.STOPPED
+                entry.status.reason = reason
+                entry.status.expires_at = self._clock()
+                self._forget(sandbox_id)
+                log.info("sandbox=%s: stopped (%s)", sandbox_id, reason)
+        return entry.status
+
+    async def pause(self, sandbox_id: str) -> SandboxStatus:
+        entry = self._live(sandbox_id)
+        async with entry.lock:
+            if entry.status.state is SandboxState.RUNNING:
+                await entry.backend.pause(sandbox_id)
+                entry.status.state = SandboxState.PAUSED
+                self._touch(entry)
+                self._save(entry)
+        return entry.status
+
+    async def resume(self, sandbox_id: str) -> SandboxStatus:
+        entry = self._live(sandbox_id)
+        async with entry.lock:
+            if entry.status.state is SandboxState.PAUSED:
+                await entry.backend.resume(sandbox_id)
+                entry.status.state = SandboxState.RUNNING
+            self._touch(entry)
+            self._save(entry)
+        return entry.status
+
+    async def set_timeout(self, sandbox_id: str, ttl_s: float) -> SandboxStatus:
+        """The sandbox now ends ``ttl_s`` from now."""
+        entry = self._live(sandbox_id)
+        entry.status.expires_at = self._clock() + ttl_s
+        self._touch(entry)
+        self._save(entry)
+        return entry.status
+
+    # --- use ------------------------------------------------------------------------------
+    async def exec(self, sandbox_id: str, request: ExecRequest) -> Process:
+        entry = self._live(sandbox_id)
+        if entry.status.state is not SandboxState.RUNNING:
+            raise SandboxNotRunning(f"sandbox {sandbox_id} is {entry.status.state}")
+        self._touch(entry)
+        return await entry.backend.exec(sandbox_id, request, default_user=entry.spec.user)
+
+    def backend_of(self, sandbox_id: str) -> tuple[SandboxBackend, SandboxSpec]:
+        """For file operations: the sandbox's backend and spec (and the sandbox is used)."""
+        entry = self._live(sandbox_id)
+        self._touch(entry)
+        return entry.backend, entry.spec
+
+    async def status(self, sandbox_id: str) -> SandboxStatus:
+        entry = self._get(sandbox_id)
+        if entry.status.state in (SandboxState.RUNNING, SandboxState.PAUSED):
+            with contextlib.suppress(SandboxError):
+                usage = await entry.backend.usage(sandbox_id)
+                entry.status.memory_bytes = usage.memory_bytes
+                entry.status.cpu_ms = usage.cpu_ms
+                entry.status.disk_bytes = usage.disk_bytes
+        return entry.status
+
+    def inventory(self) -> list[SandboxStatus]:
+        return [entry.status for entry in self._entries.values()]
+
+    def live_count(self) -> int:
+        return sum(1 for e in self._entries.values() if e.status.state is not SandboxState.STOPPED)
+
+    # --- reaping --------------------------------------------------------------------------
+    async def reap(self) -> None:
+        """Destroy sandboxes past their TTL or idle timeout; drop old stopped statuses."""
+        now = self._clock()
+        for sandbox_id, entry in list(self._entries.items()):
+            status, spec = entry.status, entry.spec
+            if status.state is SandboxState.STOPPED:
+                if now - status.expires_at > STOPPED_KEPT_S:
+                    self._entries.pop(sandbox_id, None)
+                continue
+            if status.state is SandboxState.CREATING:
+                continue
+            reason = None
+            if now >= status.expires_at:
+                reason = "expired"
+            elif spec.idle_timeout_s is not None and now - status.last_active_at >= (
+                spec.idle_timeout_s
+            ):
+                reason = "idle"
+            if reason is not None:
+                try:
+                    await self.destroy(sandbox_id, reason=reason)
+                except SandboxError:
+                    log.exception("sandbox=%s: could not be reaped (%s)", sandbox_id, reason)
+
+    async def _reap_loop(self) -> None:
+        while True:
+            await asyncio.sleep(REAP_EVERY_S)
+            try:
+                await self.reap()
+            except Exception:
+                log.exception("the sandbox reaper failed; it runs again")
+
+    # --- internals ------------------------------------------------------------------------
+    def _get(self, sandbox_id: str) -> _Entry:
+        entry = self._entries.get(sandbox_id)
+        if entry is None:
+            raise SandboxNotFound(f"no sandbox {sandbox_id} on this node")
+        return entry
+
+    def _live(self, sandbox_id: str) -> _Entry:
+        entry = self._get(sandbox_id)
+        if entry.status.state is SandboxState.STOPPED:
+            raise SandboxNotRunning(f"sandbox {sandbox_id} has stopped ({entry.status.reason})")
+        return entry
+
+    def _touch(self, entry: _Entry) -> None:
+        entry.status.last_active_at = self._clock()
+
+    def _save(self, entry: _Entry) -> None:
+        """Write what a restarted node needs to adopt the sandbox (spec, then status)."""
+        base = self._state_dir / entry.spec.sandbox_id
+        for path, text in (
+            (base.with_suffix(".spec"), entry.spec.model_dump_json()),
+            (base.with_suffix(".json"), entry.status.model_dump_json()),
+        ):
+            tmp = path.with_suffix(path.suffix + ".tmp")
+            tmp.write_text(text)
+            tmp.replace(path)
+
+    def _forget(self, sandbox_id: str) -> None:
+        for suffix in (".json", ".spec"):
+            (self._state_dir / f"{sandbox_id}{suffix}").unlink(missing_ok=True)

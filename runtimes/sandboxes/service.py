@@ -1,0 +1,43 @@
+"""The sandbox side of a node: its backends and manager, built from the node's settings."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from runtimes.node.settings import NodeSettings
+from runtimes.sandboxes.base import ImageUnavailable, RootImage, create_backend
+from runtimes.sandboxes.manager import SandboxManager
+
+
+def image_store_resolver(images_dir: Path) -> Callable[[str], RootImage]:
+    """Images by name or digest from the node's image store (``runtimes.images``)."""
+    from runtimes.images.errors import ImageError
+    from runtimes.images.store import ImageStore
+
+    store = ImageStore(images_dir)
+
+    def resolve(ref: str) -> RootImage:
+        try:
+            image = store.resolve(ref)
+        except ImageError as exc:
+            raise ImageUnavailable(str(exc)) from exc
+        return RootImage(
+            digest=image.digest,
+            rootfs=image.rootfs,
+            env=tuple(sorted(image.env.items())),
+            workdir=image.workdir,
+        )
+
+    return resolve
+
+
+def build_manager(
+    settings: NodeSettings, *, resolve_image: Callable[[str], RootImage] | None = None
+) -> SandboxManager:
+    backends = {name: create_backend(name, settings) for name in settings.sandbox_backends}
+    if resolve_image is None:
+        resolve_image = image_store_resolver(settings.resolved_images_dir)
+    return SandboxManager(
+        backends, resolve_image, state_dir=settings.data_dir.resolve() / "sandboxes" / ".records"
+    )

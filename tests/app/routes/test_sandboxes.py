@@ -1,0 +1,166 @@
+"""``/v1/sandboxes`` end to end: gateway records and routes, the embedded node runs.
+
+The fake backend covers the API on both deployment shapes (embedded; PostgreSQL and
+Redis); real containers (crun) cover it on the embedded default."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from app.main import create_app
+from app.settings import Settings
+from runtimes.images.store import ImageMeta, ImageStore
+from tests.runtimes.sandboxes.conftest import make_rootfs
+
+
+def add_busybox(images_dir: Path, name: str = "busybox") -> str:
+    store = ImageStore(images_dir)
+    with store.staging() as rootfs:
+        make_rootfs(rootfs)
+        return store.add(rootfs, ImageMeta(name=name, source="import", user="user")).digest
+
+
+def wait_for_node(client: TestClient, headers: dict[str, str]) -> None:
+    """Until the embedded node's first report (with its sandbox API) is in the catalogue."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        nodes = client.get("/v1/runtimes", headers=headers).json()
+        if nodes:
+            return
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def sandbox_client(
+    make_settings: Callable[..., Settings], stack: dict[str, Any], tmp_path: Path
+) -> Iterator[TestClient]:
+    add_busybox(tmp_path / "data" / "images", "python")
+    settings = make_settings(sandbox_backends=["fake"], **stack)
+    with TestClient(create_app(settings)) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def tenant(sandbox_client: TestClient) -> dict[str, Any]:
+    from tests.conftest import ADMIN
+
+    body = {"name": "sbx-tenant", "quota": {"max_concurrent_sandboxes": 2}}
+    response = sandbox_client.post("/v1/tenants", json=body, headers=ADMIN)
+    assert response.status_code == 201, response.text
+    key = response.json()["key"]["api_key"]
+    return {"headers": {"Authorization": f"Bearer {key}"}, "id": response.json()["tenant"]["id"]}
+
+
+def create(client: TestClient, headers: dict[str, str], **body: Any) -> dict[str, Any]:
+    deadline = time.monotonic() + 10
+    while True:
+        response = client.post("/v1/sandboxes", json={"backend": "fake", **body}, headers=headers)
+        if response.status_code != 503 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)  # the node's first report is on its way
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def test_create_use_and_destroy_through_the_api(
+    sandbox_client: TestClient, tenant: dict[str, Any]
+) -> None:
+    client, headers = sandbox_client, tenant["headers"]
+    sbx = create(client, headers, env={"GREETING": "hi"}, metadata={"episode": "7"})
+    assert (
+        sbx["state"] == "running" and sbx["node_id"] and sbx["image_digest"].startswith("sha256:")
+    )
+    assert sbx["metadata"] == {"episode": "7"} and sbx["timings"]["start_ms"] is not None
+    one = f"/v1/sandboxes/{sbx['id']}"
+    ran = client.post(f"{one}/exec", json={"cmd": ["env"]}, headers=headers).json()
+    assert ran["exit_code"] == 0 and "GREETING=hi" in ran["stdout"]
+    put = client.put(
+        f"{one}/files", params={"path": "/home/user/x.txt"}, content=b"abc", headers=headers
+    )
+    assert put.status_code == 200 and put.json()["size"] == 3
+    assert (
+        client.get(f"{one}/files", params={"path": "/home/user/x.txt"}, headers=headers).content
+        == b"abc"
+    )
+    listed = client.get(f"{one}/files/list", params={"path": "/home/user"}, headers=headers).json()
+    assert [e["name"] for e in listed["entries"]] == ["x.txt"]
+    missing = client.get(f"{one}/files", params={"path": "/nope"}, headers=headers)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "path_not_found"
+    streamed = client.post(
+        f"{one}/exec", json={"cmd": ["echo", "a"], "stream": True}, headers=headers
+    )
+    kinds = [json.loads(line)["kind"] for line in streamed.text.splitlines()]
+    assert kinds == ["started", "output", "exit"]
+    paused = client.post(f"{one}/pause", headers=headers).json()
+    assert paused["state"] == "paused"
+    refused = client.post(f"{one}/exec", json={"cmd": ["echo"]}, headers=headers)
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "sandbox_not_running"
+    assert client.post(f"{one}/resume", headers=headers).json()["state"] == "running"
+    gone = client.delete(one, headers=headers).json()
+    assert gone["state"] == "stopped" and gone["reason"] == "destroyed" and gone["ended_at"]
+    assert client.get(one, headers=headers).json()["state"] == "stopped"
+    after = client.post(f"{one}/exec", json={"cmd": ["echo"]}, headers=headers)
+    assert after.status_code == 409
+
+
+def test_the_quota_of_live_sandboxes_holds(
+    sandbox_client: TestClient, tenant: dict[str, Any]
+) -> None:
+    client, headers = sandbox_client, tenant["headers"]
+    first, _second = create(client, headers), create(client, headers)
+    third = client.post("/v1/sandboxes", json={"backend": "fake"}, headers=headers)
+    assert third.status_code == 429 and third.json()["error"]["code"] == "concurrency_limited"
+    client.delete(f"/v1/sandboxes/{first['id']}", headers=headers)
+    create(client, headers)  # a place is free again
+    live = client.get("/v1/sandboxes", headers=headers).json()["sandboxes"]
+    assert len(live) == 2
+
+
+def test_another_tenant_cannot_see_or_touch_a_sandbox(
+    sandbox_client: TestClient, tenant: dict[str, Any]
+) -> None:
+    from tests.conftest import ADMIN
+
+    client = sandbox_client
+    sbx = create(client, tenant["headers"])
+    other = client.post("/v1/tenants", json={"name": "intruder"}, headers=ADMIN).json()
+    intruder = {"Authorization": f"Bearer {other['key']['api_key']}"}
+    one = f"/v1/sandboxes/{sbx['id']}"
+    for method, path, kw in (
+        ("GET", one, {}),
+        ("DELETE", one, {}),
+        ("POST", f"{one}/exec", {"json": {"cmd": ["echo"]}}),
+        ("GET", f"{one}/files", {"params": {"path": "/etc/passwd"}}),
+        ("POST", f"{one}/pause", {}),
+    ):
+        response = client.request(method, path, headers=intruder, **kw)
+        assert response.status_code == 404, (method, path, response.text)
+    assert client.get("/v1/sandboxes", headers=intruder).json()["sandboxes"] == []
+    assert client.get(one, headers=tenant["headers"]).json()["state"] == "running"
+
+
+def test_bad_requests_get_clear_4xx(sandbox_client: TestClient, tenant: dict[str, Any]) -> None:
+    client, headers = sandbox_client, tenant["headers"]
+    for body in ({"memory_mb": 1}, {"image": "../etc"}, {"env": {"1BAD": "x"}}, {"bogus": 1}):
+        response = client.post("/v1/sandboxes", json={"backend": "fake", **body}, headers=headers)
+        assert response.status_code == 422, (body, response.text)
+    sbx = create(client, headers)  # the node is in the catalogue from here on
+    no_image = client.post(
+        "/v1/sandboxes", json={"backend": "fake", "image": "nope"}, headers=headers
+    )
+    assert no_image.status_code == 404 and no_image.json()["error"]["code"] == "image_not_found"
+    both = client.post(
+        f"/v1/sandboxes/{sbx['id']}/exec", json={"cmd": ["a"], "command": "b"}, headers=headers
+    )
+    assert both.status_code == 422
+    root = client.post(
+        f"/v1/sandboxes/{sbx['id']}/files/remove", json={"path": "/"}, headers=headers
+    )
+    assert root.status_code == 400

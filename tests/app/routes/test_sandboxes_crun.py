@@ -1,0 +1,75 @@
+"""The sandbox API on real containers (crun) with the default ``python`` image, as
+``make run`` serves it: a real uvicorn server, the embedded node on its Unix socket."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import ADMIN
+from tests.requirements import missing
+from tests.runtimes.sandboxes.conftest import leftovers
+
+pytestmark = [pytest.mark.crun, pytest.mark.slow]
+
+PROJECT_IMAGES = Path(__file__).resolve().parents[3] / "var" / "images"
+
+
+def python_images_dir() -> Path:
+    if not (PROJECT_IMAGES / "names" / "python").exists():
+        missing("the python image is not built (scripts/setup-images.sh)")
+    return PROJECT_IMAGES
+
+
+def test_a_python_sandbox_through_a_real_server(
+    live_server: Callable[..., str], tmp_path: Path
+) -> None:
+    url = live_server(sandbox_backends=["crun"], images_dir=python_images_dir())
+    made = httpx.post(f"{url}/v1/tenants", json={"name": "crun-api"}, headers=ADMIN).json()
+    headers = {"Authorization": f"Bearer {made['key']['api_key']}"}
+    with httpx.Client(base_url=url, headers=headers, timeout=60) as api:
+        deadline = time.monotonic() + 20
+        while True:
+            created = api.post("/v1/sandboxes", json={"image": "python", "memory_mb": 256})
+            if created.status_code != 503 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert created.status_code == 201, created.text
+        sbx: dict[str, Any] = created.json()
+        one = f"/v1/sandboxes/{sbx['id']}"
+        code = "import sys, platform\nprint(sys.version_info[:2], platform.node())\n"
+        put = api.put(f"{one}/files", params={"path": "/home/user/main.py"}, content=code)
+        assert put.status_code == 200 and put.json()["owner"] == "1000"
+        ran = api.post(f"{one}/exec", json={"cmd": ["python3", "main.py"]}).json()
+        assert ran["exit_code"] == 0 and ran["stdout"] == "(3, 11) sandbox\n", ran
+        shell = api.post(
+            f"{one}/exec",
+            json={
+                "command": "whoami; git --version | cut -d' ' -f1; "
+                "gcc --version | head -1 | cut -c1-3"
+            },
+        ).json()
+        assert shell["stdout"].split() == ["user", "git", "gcc"], shell
+        offline = api.post(
+            f"{one}/exec",
+            json={
+                "cmd": [
+                    "python3",
+                    "-c",
+                    "import socket; socket.create_connection(('1.1.1.1', 80), 2)",
+                ]
+            },
+        ).json()
+        assert (
+            offline["exit_code"] != 0 and "OSError" in offline["stderr"]
+        ) or "unreachable" in offline["stderr"]
+        record = api.get(one).json()
+        assert record["state"] == "running" and record["memory_bytes"] > 0
+        assert record["timings"]["start_ms"] > 0
+        assert api.delete(one).json()["state"] == "stopped"
+    assert leftovers(tmp_path / "data", sbx["id"]) == []

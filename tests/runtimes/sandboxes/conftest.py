@@ -1,0 +1,94 @@
+"""Fixtures for the sandbox backends: a small busybox root filesystem, a started crun
+backend in a private data dir, and a check that nothing a test made outlives it."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from runtimes.sandboxes.base import RootImage
+from runtimes.sandboxes.crun.backend import CGROUP_PARENT, CrunBackend
+from wire.sandboxes import SandboxSpec
+
+BUSYBOX_APPLETS = [
+    *("sh", "ls", "cat", "echo", "id", "ps", "kill", "sleep", "yes", "head", "tail", "wc"),
+    *("touch", "mkdir", "rm", "dd", "ln", "mv", "cp", "env", "pwd", "true", "false", "grep"),
+    *("seq", "nc", "ping", "wget", "hostname", "mount", "df", "stat", "chmod", "sync"),
+    "mkfifo",
+]
+
+
+def make_rootfs(root: Path) -> Path:
+    """A tiny image: busybox, root and ``user`` (1000), /tmp, /home/user."""
+    busybox = shutil.which("busybox") or "/bin/busybox"
+    for d in ("bin", "etc", "tmp", "root", "home/user", "proc", "sys", "dev"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    shutil.copy2(busybox, root / "bin" / "busybox")
+    for applet in BUSYBOX_APPLETS:
+        (root / "bin" / applet).symlink_to("busybox")
+    (root / "etc" / "passwd").write_text(
+        "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/home/user:/bin/sh\n"
+    )
+    (root / "etc" / "group").write_text("root:x:0:\nuser:x:1000:\n")
+    (root / "etc" / "secret").write_text("image-only\n")
+    (root / "tmp").chmod(0o1777)
+    shutil.chown(root / "home" / "user", 1000, 1000)
+    return root
+
+
+@pytest.fixture(scope="session")
+def busybox_image(tmp_path_factory: pytest.TempPathFactory) -> RootImage:
+    root = make_rootfs(tmp_path_factory.mktemp("image") / "rootfs")
+    return RootImage(digest="sha256:" + "b" * 64, rootfs=root)
+
+
+def cgroup_file(controller: str, sandbox_id: str, name: str) -> str:
+    """A file of a sandbox's cgroup, read by the host."""
+    return (Path("/sys/fs/cgroup") / controller / CGROUP_PARENT / sandbox_id / name).read_text()
+
+
+def spec(sandbox_id: str, **kw: object) -> SandboxSpec:
+    base: dict[str, object] = {
+        "sandbox_id": sandbox_id,
+        "tenant_id": "ten_test",
+        "image": "busybox",
+        "memory_mb": 128,
+        "disk_mb": 32,
+        "pids": 64,
+    }
+    base.update(kw)
+    return SandboxSpec.model_validate(base)
+
+
+def leftovers(data_dir: Path, sandbox_id: str) -> list[str]:
+    """What of a sandbox is still on the host: mounts, cgroups, files."""
+    found: list[str] = []
+    with open("/proc/self/mountinfo") as f:
+        found += [line.split()[4] for line in f if str(data_dir) in line.split()[4]]
+    for controller in ("memory", "pids", "cpu", "freezer"):
+        group = Path("/sys/fs/cgroup") / controller / CGROUP_PARENT / sandbox_id
+        if group.exists():
+            found.append(str(group))
+    if (data_dir / "sandboxes" / sandbox_id).exists():
+        found.append(str(data_dir / "sandboxes" / sandbox_id))
+    return found
+
+
+@pytest_asyncio.fixture
+async def crun(tmp_path: Path) -> AsyncIterator[CrunBackend]:
+    backend = CrunBackend(tmp_path / "data")
+    await backend.start()
+    try:
+        yield backend
+    finally:
+        ids = [p.name for p in (tmp_path / "data" / "sandboxes").iterdir() if p.name[0] != "."]
+        ids += await backend.start()  # what the runtime still lists
+        for sandbox_id in set(ids):
+            await backend.destroy(sandbox_id)
+        await backend.close()
+        for sandbox_id in set(ids):
+            assert not leftovers(tmp_path / "data", sandbox_id), "destroy left something"

@@ -1,0 +1,178 @@
+"""The crun backend on real containers: commands, files, limits, pause, clean-up."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtimes.sandboxes.base import (
+    PathNotFound,
+    RootImage,
+    SandboxNotRunning,
+    SandboxPathError,
+)
+from runtimes.sandboxes.crun.backend import CrunBackend
+from tests.runtimes.sandboxes.conftest import cgroup_file, leftovers, spec
+from wire.sandboxes import ExecExit, ExecRequest, ExecResult, collect
+
+pytestmark = pytest.mark.crun
+
+
+async def run(backend: CrunBackend, sandbox_id: str, cmd: list[str], **kw: Any) -> ExecResult:
+    process = await backend.exec(sandbox_id, ExecRequest(cmd=cmd, **kw), default_user="user")
+    return await collect(process.events())
+
+
+async def test_a_command_runs_as_the_user_with_its_env_cwd_and_exit_code(
+    crun: CrunBackend, busybox_image: RootImage
+) -> None:
+    await crun.create(spec("sbx-cmd", env={"FROM_SPEC": "s"}), busybox_image)
+    result = await run(
+        crun,
+        "sbx-cmd",
+        ["sh", "-c", "id -u; pwd; echo $FROM_SPEC $X; echo oops >&2; exit 3"],
+        env={"X": "x"},
+    )
+    assert result.stdout.split() == ["1000", "/home/user", "s", "x"]
+    assert result.stderr == "oops\n" and result.exit_code == 3
+    root = await run(crun, "sbx-cmd", ["id", "-u"], user="root", cwd="/tmp")
+    assert root.stdout.strip() == "0"
+    missing = await run(crun, "sbx-cmd", ["no-such-command"])
+    assert missing.exit_code == 127
+
+
+async def test_state_persists_between_commands(crun: CrunBackend, busybox_image: RootImage) -> None:
+    await crun.create(spec("sbx-state"), busybox_image)
+    await run(crun, "sbx-state", ["sh", "-c", "echo kept > /home/user/note"])
+    assert (await run(crun, "sbx-state", ["cat", "/home/user/note"])).stdout == "kept\n"
+
+
+async def test_a_timeout_kills_the_whole_session_background_children_too(
+    crun: CrunBackend, busybox_image: RootImage
+) -> None:
+    await crun.create(spec("sbx-timeout"), busybox_image)
+    result = await run(
+        crun, "sbx-timeout", ["sh", "-c", "sleep 300 & sleep 301 & sleep 302"], timeout_s=0.5
+    )
+    assert result.timed_out and result.signal == signal.SIGKILL
+    ps = await run(crun, "sbx-timeout", ["ps", "-o", "args"])
+    assert "sleep 30" not in ps.stdout, ps.stdout
+
+
+async def test_output_is_capped_and_a_flood_does_not_stall(
+    crun: CrunBackend, busybox_image: RootImage
+) -> None:
+    await crun.create(spec("sbx-flood"), busybox_image)
+    result = await run(
+        crun, "sbx-flood", ["sh", "-c", "yes | head -c 5000000"], max_output_bytes=10_000
+    )
+    assert result.exit_code == 0 and len(result.stdout) == 10_000 and result.stdout_truncated
+
+
+async def test_files_written_read_listed_moved_removed(
+    crun: CrunBackend, busybox_image: RootImage
+) -> None:
+    await crun.create(spec("sbx-files"), busybox_image)
+    entry = await crun.write_file("sbx-files", "/home/user/a/b.txt", b"hello", user="user")
+    assert entry.size == 5 and entry.owner == "1000"
+    assert (await run(crun, "sbx-files", ["cat", "a/b.txt"])).stdout == "hello"
+    await run(crun, "sbx-files", ["sh", "-c", "echo from-inside > /home/user/c.txt"])
+    assert await crun.read_file("sbx-files", "/home/user/c.txt", max_bytes=100) == b"from-inside\n"
+    names = sorted(e.path for e in await crun.list_dir("sbx-files", "/home/user", depth=2))
+    assert names == ["/home/user/a", "/home/user/a/b.txt", "/home/user/c.txt"]
+    await crun.move("sbx-files", "/home/user/c.txt", "/home/user/d/c.txt")
+    assert (await crun.stat("sbx-files", "/home/user/d/c.txt")).size == 12
+    await crun.remove("sbx-files", "/home/user/a")
+    with pytest.raises(PathNotFound):
+        await crun.stat("sbx-files", "/home/user/a/b.txt")
+
+
+async def test_symlinks_planted_inside_cannot_reach_the_host(
+    crun: CrunBackend, busybox_image: RootImage, tmp_path: Path
+) -> None:
+    host_secret = tmp_path / "host-secret"
+    host_secret.write_text("HOST")
+    await crun.create(spec("sbx-links"), busybox_image)
+    await run(
+        crun,
+        "sbx-links",
+        [
+            "sh",
+            "-c",
+            f"ln -s {host_secret} /tmp/a; ln -s ../../../../../../{host_secret} /tmp/b;"
+            " ln -s /proc/1/root/etc /tmp/c",
+        ],
+    )
+    for link in ("/tmp/a", "/tmp/b"):
+        with pytest.raises(PathNotFound):  # resolved inside the sandbox, where it is not
+            await crun.read_file("sbx-links", link, max_bytes=100)
+    with pytest.raises(SandboxPathError):  # no /proc magic links
+        await crun.read_file("sbx-links", "/tmp/c/passwd", max_bytes=100)
+    await run(crun, "sbx-links", ["mkdir", "-p", str(tmp_path)], user="root")
+    await crun.write_file("sbx-links", "/tmp/a", b"written", user="user")
+    assert host_secret.read_text() == "HOST"  # the write landed inside the sandbox
+    assert await crun.read_file("sbx-links", str(host_secret), max_bytes=100) == b"written"
+
+
+async def test_pause_freezes_and_resume_thaws(crun: CrunBackend, busybox_image: RootImage) -> None:
+    await crun.create(spec("sbx-pause"), busybox_image)
+    await crun.pause("sbx-pause")
+    with pytest.raises(SandboxNotRunning):
+        await crun.exec("sbx-pause", ExecRequest(cmd=["true"]), default_user="user")
+    assert cgroup_file("freezer", "sbx-pause", "freezer.state").strip() == "FROZEN"
+    await crun.resume("sbx-pause")
+    assert (await run(crun, "sbx-pause", ["echo", "back"])).stdout == "back\n"
+
+
+async def test_destroy_releases_mounts_cgroups_and_files(
+    crun: CrunBackend, busybox_image: RootImage, tmp_path: Path
+) -> None:
+    await crun.create(spec("sbx-gone"), busybox_image)
+    background = await crun.exec(
+        "sbx-gone", ExecRequest(cmd=["sleep", "300"], timeout_s=None), default_user="user"
+    )
+    assert leftovers(tmp_path / "data", "sbx-gone")  # it exists
+    await crun.destroy("sbx-gone")
+    assert leftovers(tmp_path / "data", "sbx-gone") == []
+    events = [e async for e in background.events()]
+    assert isinstance(events[-1], ExecExit)
+    await crun.destroy("sbx-gone")  # again: nothing to do, no error
+    assert "sbx-gone" not in await crun.start()
+
+
+async def test_a_node_restart_finds_the_sandboxes_it_left(
+    tmp_path: Path, busybox_image: RootImage
+) -> None:
+    first = CrunBackend(tmp_path / "data")
+    await first.start()
+    await first.create(spec("sbx-survivor"), busybox_image)
+    await first.close()  # the node process ends; the container does not
+    second = CrunBackend(tmp_path / "data")
+    try:
+        assert "sbx-survivor" in await second.start()
+        assert (await run(second, "sbx-survivor", ["echo", "still"])).stdout == "still\n"
+    finally:
+        await second.destroy("sbx-survivor")
+    assert leftovers(tmp_path / "data", "sbx-survivor") == []
+
+
+async def test_a_failed_create_leaves_nothing(crun: CrunBackend, tmp_path: Path) -> None:
+    broken = RootImage(digest="sha256:" + "0" * 64, rootfs=tmp_path / "no-such-rootfs")
+    with pytest.raises(OSError):
+        await crun.create(spec("sbx-broken"), broken)
+    assert leftovers(tmp_path / "data", "sbx-broken") == []
+
+
+async def test_a_fifo_planted_where_a_file_is_read_does_not_stall_the_node(
+    crun: CrunBackend, busybox_image: RootImage
+) -> None:
+    await crun.create(spec("sbx-fifo"), busybox_image)
+    await run(crun, "sbx-fifo", ["mkfifo", "/tmp/fifo"])
+    with pytest.raises(SandboxPathError, match="not a regular file"):
+        await asyncio.wait_for(crun.read_file("sbx-fifo", "/tmp/fifo", max_bytes=100), 5)
+    with pytest.raises(SandboxPathError):
+        await asyncio.wait_for(crun.write_file("sbx-fifo", "/tmp/fifo", b"x", user="user"), 5)

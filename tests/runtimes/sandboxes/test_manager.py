@@ -1,0 +1,115 @@
+"""The node's sandbox manager: lifetimes, reaping, adoption after a restart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from runtimes.sandboxes.base import RootImage, SandboxNotFound, SandboxNotRunning
+from runtimes.sandboxes.crun.backend import CrunBackend
+from runtimes.sandboxes.fake import FakeSandboxBackend
+from runtimes.sandboxes.manager import SandboxManager
+from tests.runtimes.sandboxes.conftest import leftovers, spec
+from wire.sandboxes import ExecRequest, SandboxState
+
+IMAGE = RootImage(digest="sha256:" + "f" * 64, rootfs=Path("/nonexistent"))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def manager(
+    tmp_path: Path, backend: object, clock: Clock, image: RootImage = IMAGE
+) -> SandboxManager:
+    name = backend.name
+    return SandboxManager(
+        {name: backend},  # type: ignore[dict-item]
+        lambda ref: image,
+        state_dir=tmp_path / "records",
+        clock=clock,
+    )
+
+
+async def test_ttl_and_idle_timeout_reap(tmp_path: Path) -> None:
+    clock, backend = Clock(), FakeSandboxBackend()
+    m = manager(tmp_path, backend, clock)
+    await m.start()
+    try:
+        await m.create(spec("s-ttl", backend="fake", ttl_s=60))
+        await m.create(spec("s-idle", backend="fake", ttl_s=600, idle_timeout_s=30))
+        clock.now += 20
+        await m.exec("s-idle", ExecRequest(cmd=["echo"]))  # use keeps it alive
+        clock.now += 25
+        await m.reap()
+        assert (await m.status("s-idle")).state is SandboxState.RUNNING
+        clock.now += 20  # 65 s: past the TTL of s-ttl, 45 s idle for s-idle
+        await m.reap()
+        assert (await m.status("s-ttl")).reason == "expired"
+        assert (await m.status("s-idle")).reason == "idle"
+        assert backend.sandboxes == {}
+        with pytest.raises(SandboxNotRunning):
+            await m.exec("s-ttl", ExecRequest(cmd=["echo"]))
+    finally:
+        await m.close()
+
+
+async def test_set_timeout_moves_the_end(tmp_path: Path) -> None:
+    clock = Clock()
+    m = manager(tmp_path, FakeSandboxBackend(), clock)
+    await m.start()
+    try:
+        await m.create(spec("s-t", backend="fake", ttl_s=10))
+        clock.now += 5
+        await m.set_timeout("s-t", 100)
+        clock.now += 50
+        await m.reap()
+        assert (await m.status("s-t")).state is SandboxState.RUNNING
+    finally:
+        await m.close()
+
+
+async def test_a_restarted_manager_adopts_what_it_saved_and_destroys_the_rest(
+    tmp_path: Path,
+) -> None:
+    clock, backend = Clock(), FakeSandboxBackend()
+    first = manager(tmp_path, backend, clock)
+    await first.start()
+    await first.create(spec("s-keep", backend="fake"))
+    await first.pause("s-keep")
+    await first.close()
+    backend.sandboxes["s-stray"] = backend.sandboxes["s-keep"]  # no saved record
+    second = manager(tmp_path, backend, clock)
+    await second.start()
+    try:
+        assert (await second.status("s-keep")).state is SandboxState.PAUSED
+        assert "s-stray" not in backend.sandboxes
+        with pytest.raises(SandboxNotFound):
+            await second.status("s-stray")
+    finally:
+        await second.close()
+
+
+@pytest.mark.crun
+async def test_an_abandoned_container_is_reaped_at_its_ttl_and_freed(
+    tmp_path: Path, busybox_image: RootImage
+) -> None:
+    clock = Clock()
+    backend = CrunBackend(tmp_path / "data")
+    m = manager(tmp_path, backend, clock, busybox_image)
+    await m.start()
+    try:
+        await m.create(spec("sbx-abandoned", ttl_s=30))
+        assert leftovers(tmp_path / "data", "sbx-abandoned")
+        clock.now += 31
+        await m.reap()
+        assert (await m.status("sbx-abandoned")).reason == "expired"
+        assert leftovers(tmp_path / "data", "sbx-abandoned") == []
+    finally:
+        await m.destroy_all("test over")
+        await m.close()
