@@ -43,7 +43,9 @@ def summary(latencies_ms: list[float], wall_s: float, errors: int) -> dict[str, 
 
 # --- the server -----------------------------------------------------------------------------
 class Server:
-    def __init__(self, slots: int, runtimes: str, *, root: Path = ROOT) -> None:
+    def __init__(
+        self, slots: int, runtimes: str, *, root: Path = ROOT, env: dict[str, str] | None = None
+    ) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="corral-bench-"))
         self.admin_key = secrets.token_urlsafe(32)
         with socket.socket() as sock:
@@ -58,6 +60,7 @@ class Server:
             "CORRAL_NODE_SLOTS": str(slots),
             "CORRAL_RUNTIMES": json.dumps(runtimes.split(",")),
             "PYTHONPATH": str(root),  # before this virtualenv's editable install
+            **(env or {}),
         }
         self.log = (self.dir / "server.log").open("wb")
         self.proc = subprocess.Popen(
@@ -81,11 +84,12 @@ class Server:
             time.sleep(0.2)
         raise RuntimeError("server not ready")
 
-    def tenant_key(self) -> str:
+    def tenant_key(self, **quota_overrides: int) -> str:
         quota = {
             "max_concurrent_executions": 1024,
             "executions_per_second": 100_000,
             "burst": 100_000,
+            **quota_overrides,
         }
         response = httpx.post(
             f"{self.url}/v1/tenants",

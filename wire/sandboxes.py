@@ -48,6 +48,9 @@ class SandboxSpec(_Message):
     env: dict[str, str] = Field(default_factory=dict)
     network: NetworkPolicy = NetworkPolicy.NONE
     user: str = Field("user", description="who commands run as unless an exec says otherwise")
+    snapshot_id: str | None = Field(
+        None, description="start from this snapshot's files (on this node) instead of the image's"
+    )
 
 
 class Phases(_Message):
@@ -168,6 +171,19 @@ class FileEntry(_Message):
     group: str
     modified_at: float
     symlink_target: str | None = None
+
+
+class SnapshotInfo(_Message):
+    """A copy of a sandbox's files on the node that made it."""
+
+    snapshot_id: str
+    sandbox_id: str
+    tenant_id: str
+    backend: str
+    image_digest: str
+    parent_snapshot_id: str | None = None  #: the snapshot the sandbox itself started from
+    size_bytes: int
+    created_at: float
 
 
 class SandboxInventory(_Message):

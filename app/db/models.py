@@ -313,3 +313,22 @@ class Sandbox(Base):
     start_ms: Mapped[float | None] = mapped_column(Float, default=None)
     cpu_ms: Mapped[float | None] = mapped_column(Float, default=None)
     memory_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
+
+
+class Snapshot(Base):
+    """A copy of a sandbox's files, kept on the node that made it (where sandboxes made
+    from it are placed)."""
+
+    __tablename__ = "snapshots"
+    __table_args__ = (Index("ix_snapshots_tenant", "tenant_id", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    sandbox_id: Mapped[str] = mapped_column(String(32))
+    node_id: Mapped[str] = mapped_column(String(128))
+    backend: Mapped[str] = mapped_column(String(16))
+    image: Mapped[str] = mapped_column(String(256))
+    image_digest: Mapped[str] = mapped_column(String(80))
+    size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    deleted_at: Mapped[datetime | None] = mapped_column(default=None)

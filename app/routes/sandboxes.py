@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 from starlette.responses import Response, StreamingResponse
 
-from app.db.models import Sandbox
+from app.db.models import Sandbox, Snapshot
 from app.errors import InvalidPath, PayloadTooLarge
 from app.http.endpoint import Call, Endpoint, endpoint
 from app.schemas.sandboxes import (
@@ -19,12 +19,16 @@ from app.schemas.sandboxes import (
     EntryList,
     ExecBody,
     ExecOut,
+    ForkBody,
+    ForkOut,
     MoveBody,
     PathBody,
     PathQuery,
     SandboxList,
     SandboxOut,
     SandboxQuery,
+    SnapshotList,
+    SnapshotOut,
     TimeoutBody,
     Timings,
 )
@@ -90,7 +94,9 @@ async def create_sandbox(call: Call) -> SandboxOut:
 )
 async def list_sandboxes(call: Call) -> SandboxList:
     q: SandboxQuery = call.query
-    rows = await call.services.sandboxes.list(call.tenant.tenant_id, state=q.state, limit=q.limit)
+    rows = await call.services.sandboxes.list_sandboxes(
+        call.tenant.tenant_id, state=q.state, limit=q.limit
+    )
     return SandboxList(sandboxes=[sandbox_out(r) for r in rows])
 
 
@@ -276,6 +282,80 @@ async def move_file(call: Call) -> FileEntry:
     return await node.move(call.path["sandbox_id"], body.source, body.destination)
 
 
+def snapshot_out(row: Snapshot) -> SnapshotOut:
+    return SnapshotOut(
+        id=row.id,
+        sandbox_id=row.sandbox_id,
+        backend=row.backend,
+        image=row.image,
+        image_digest=row.image_digest,
+        node_id=row.node_id,
+        size_bytes=row.size_bytes,
+        created_at=row.created_at,
+    )
+
+
+@endpoint(
+    "POST",
+    f"{ONE}/snapshot",
+    summary="Copy the sandbox's files (not its processes) as a snapshot",
+    tags=TAGS,
+    response=SnapshotOut,
+    status=201,
+)
+async def snapshot_sandbox(call: Call) -> SnapshotOut:
+    row = await call.services.sandboxes.snapshot(call.tenant.tenant_id, call.path["sandbox_id"])
+    return snapshot_out(row)
+
+
+@endpoint(
+    "POST",
+    f"{ONE}/fork",
+    summary="Branch the sandbox into N new ones from one snapshot of its files",
+    tags=TAGS,
+    body=ForkBody,
+    response=ForkOut,
+    status=201,
+    errors=(429,),
+)
+async def fork_sandbox(call: Call) -> ForkOut:
+    body: ForkBody = call.body
+    snapshot, rows = await call.services.sandboxes.fork(
+        call.tenant,
+        call.path["sandbox_id"],
+        count=body.count,
+        ttl_s=body.ttl_s,
+        metadata=body.metadata,
+    )
+    return ForkOut(snapshot=snapshot_out(snapshot), sandboxes=[sandbox_out(r) for r in rows])
+
+
+@endpoint(
+    "GET",
+    "/v1/snapshots",
+    summary="The tenant's snapshots",
+    tags=TAGS,
+    query=SandboxQuery,
+    response=SnapshotList,
+)
+async def list_snapshots(call: Call) -> SnapshotList:
+    q: SandboxQuery = call.query
+    rows = await call.services.sandboxes.list_snapshots(call.tenant.tenant_id, limit=q.limit)
+    return SnapshotList(snapshots=[snapshot_out(r) for r in rows])
+
+
+@endpoint(
+    "DELETE",
+    "/v1/snapshots/{snapshot_id}",
+    summary="Delete a snapshot",
+    tags=TAGS,
+    status=204,
+)
+async def delete_snapshot(call: Call) -> Response:
+    await call.services.sandboxes.delete_snapshot(call.tenant.tenant_id, call.path["snapshot_id"])
+    return Response(status_code=204)
+
+
 endpoints = [
     create_sandbox,
     list_sandboxes,
@@ -292,4 +372,8 @@ endpoints = [
     make_dir,
     remove_file,
     move_file,
+    snapshot_sandbox,
+    fork_sandbox,
+    list_snapshots,
+    delete_snapshot,
 ]

@@ -37,6 +37,7 @@ from wire.sandboxes import (
     SandboxInventory,
     SandboxSpec,
     SandboxStatus,
+    SnapshotInfo,
 )
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,8 @@ _ERRORS: dict[str, type[CorralError]] = {
     "file_too_large": PayloadTooLarge,
     "payload_too_large": PayloadTooLarge,
     "image_not_found": ImageNotFound,
+    "snapshot_not_found": NotFound,
+    "snapshot_in_use": Conflict,
     "validation_error": ValidationFailed,
     "bad_request": BadRequest,
 }
@@ -132,6 +135,18 @@ class NodeClient:
                         yield EXEC_EVENT.validate_json(line)
         except httpx.TransportError as exc:
             raise NodeUnavailable(f"node {self.node_id} cannot be reached: {exc}") from exc
+
+    async def snapshot(self, sandbox_id: str, snapshot_id: str) -> SnapshotInfo:
+        response = await self._call(
+            "POST",
+            f"/sandboxes/{sandbox_id}/snapshot",
+            json={"snapshot_id": snapshot_id},
+            timeout=httpx.Timeout(600.0, connect=5.0),
+        )
+        return SnapshotInfo.model_validate_json(response.content)
+
+    async def delete_snapshot(self, snapshot_id: str, *, tenant_id: str) -> None:
+        await self._call("DELETE", f"/snapshots/{snapshot_id}", params={"tenant_id": tenant_id})
 
     async def read_file(self, sandbox_id: str, path: str, *, max_bytes: int) -> bytes:
         params = {"path": path, "max_bytes": str(max_bytes)}

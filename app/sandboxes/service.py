@@ -12,6 +12,7 @@ holds with no live record is destroyed.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 from collections.abc import AsyncIterator
@@ -22,7 +23,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.auth.principal import Principal
-from app.db.models import Sandbox
+from app.db.models import Sandbox, Snapshot
 from app.errors import ConcurrencyLimited, CorralError, NoCapacity, NodeUnavailable, NotFound
 from app.placement.catalogue import Catalogue
 from app.sandboxes.nodes import NodeClient
@@ -72,7 +73,9 @@ class Sandboxes:
             raise NotFound(f"no sandbox {sandbox_id}")
         return row
 
-    async def list(self, tenant_id: str, *, state: str | None, limit: int) -> list[Sandbox]:
+    async def list_sandboxes(
+        self, tenant_id: str, *, state: str | None, limit: int
+    ) -> list[Sandbox]:
         query = select(Sandbox).where(Sandbox.tenant_id == tenant_id)
         if state == "live":
             query = query.where(Sandbox.state.in_([s.value for s in LIVE]))
@@ -111,6 +114,9 @@ class Sandboxes:
     async def create(self, principal: Principal, body: CreateSandbox) -> Sandbox:
         tenant_id = principal.tenant_id
         received = datetime.now(UTC)
+        if body.snapshot_id is not None:
+            snapshot = await self.get_snapshot(tenant_id, body.snapshot_id)
+            body = body.model_copy(update={"backend": snapshot.backend, "image": snapshot.image})
         row = Sandbox(
             id=new_id("sbx"),
             tenant_id=tenant_id,
@@ -143,7 +149,10 @@ class Sandboxes:
                 f"the tenant holds {limit} live sandboxes, its max_concurrent_sandboxes"
             )
         try:
-            node = await self._place(body.backend)
+            if body.snapshot_id is not None:
+                node = await self._node_by_id(snapshot.node_id)
+            else:
+                node = await self._place(body.backend)
             spec = SandboxSpec(
                 sandbox_id=row.id,
                 tenant_id=tenant_id,
@@ -157,6 +166,7 @@ class Sandboxes:
                 env=body.env,
                 network=body.network,
                 user=body.user,
+                snapshot_id=body.snapshot_id,
             )
             placed = datetime.now(UTC)
             await self._update(row.id, node_id=node.node_id)
@@ -194,6 +204,12 @@ class Sandboxes:
         choices = random.sample(nodes, min(2, len(nodes)))
         best = min(choices, key=lambda n: (n.sandboxes, -n.memory_free_mb))
         return self._client(best)
+
+    async def _node_by_id(self, node_id: str) -> NodeClient:
+        for report in await self._catalogue.nodes():
+            if report.node_id == node_id and report.address is not None:
+                return self._client(report)
+        raise NodeUnavailable(f"node {node_id} is not reachable now")
 
     def _client(self, report: NodeReport) -> NodeClient:
         if self._token is None:
@@ -257,6 +273,88 @@ class Sandboxes:
 
     async def node_for(self, tenant_id: str, sandbox_id: str) -> NodeClient:
         return await self.node_of(await self.get(tenant_id, sandbox_id))
+
+    # --- snapshots and forks --------------------------------------------------------------
+    async def snapshot(self, tenant_id: str, sandbox_id: str) -> Snapshot:
+        row = await self.get(tenant_id, sandbox_id)
+        node = await self.node_of(row)
+        info = await node.snapshot(sandbox_id, new_id("snap"))
+        snapshot = Snapshot(
+            id=info.snapshot_id,
+            tenant_id=tenant_id,
+            sandbox_id=sandbox_id,
+            node_id=node.node_id,
+            backend=row.backend,
+            image=row.image,
+            image_digest=info.image_digest,
+            size_bytes=info.size_bytes,
+            created_at=datetime.now(UTC),
+        )
+        async with self._sessions() as session, session.begin():
+            session.add(snapshot)
+        log.info("sandbox=%s: snapshot %s (%d bytes)", sandbox_id, snapshot.id, info.size_bytes)
+        return snapshot
+
+    async def get_snapshot(self, tenant_id: str, snapshot_id: str) -> Snapshot:
+        async with self._sessions() as session:
+            row = await session.get(Snapshot, snapshot_id)
+        if row is None or row.tenant_id != tenant_id or row.deleted_at is not None:
+            raise NotFound(f"no snapshot {snapshot_id}")
+        return row
+
+    async def list_snapshots(self, tenant_id: str, *, limit: int) -> list[Snapshot]:
+        query = (
+            select(Snapshot)
+            .where(Snapshot.tenant_id == tenant_id, Snapshot.deleted_at.is_(None))
+            .order_by(Snapshot.created_at.desc())
+            .limit(limit)
+        )
+        async with self._sessions() as session:
+            return list((await session.scalars(query)).all())
+
+    async def delete_snapshot(self, tenant_id: str, snapshot_id: str) -> None:
+        row = await self.get_snapshot(tenant_id, snapshot_id)
+        node = await self._node_by_id(row.node_id)
+        await node.delete_snapshot(snapshot_id, tenant_id=tenant_id)
+        async with self._sessions() as session, session.begin():
+            stored = await session.get(Snapshot, snapshot_id)
+            if stored is not None:
+                stored.deleted_at = datetime.now(UTC)
+
+    async def fork(
+        self,
+        principal: Principal,
+        sandbox_id: str,
+        *,
+        count: int,
+        ttl_s: float | None,
+        metadata: dict[str, str],
+    ) -> tuple[Snapshot, list[Sandbox]]:
+        """``count`` new sandboxes from one snapshot of this one's files (an episode
+        branched at a step); each is counted against the quota like any create."""
+        source = await self.get(principal.tenant_id, sandbox_id)
+        snapshot = await self.snapshot(principal.tenant_id, sandbox_id)
+        spec = dict(source.spec or {})
+        body = CreateSandbox(
+            backend=source.backend,
+            image=source.image,
+            cpu=float(spec.get("cpu", 1.0)),
+            memory_mb=int(spec.get("memory_mb", 512)),
+            disk_mb=int(spec.get("disk_mb", 1024)),
+            ttl_s=ttl_s or float(spec.get("ttl_s", 300)),
+            idle_timeout_s=spec.get("idle_timeout_s"),
+            user=str(spec.get("user", "user")),
+            metadata={**(source.meta or {}), **metadata, "forked_from": sandbox_id},
+            snapshot_id=snapshot.id,
+        )
+        made = await asyncio.gather(
+            *(self.create(principal, body) for _ in range(count)), return_exceptions=True
+        )
+        sandboxes = [m for m in made if isinstance(m, Sandbox)]
+        failed = [m for m in made if isinstance(m, BaseException)]
+        if failed and not sandboxes:
+            raise failed[0]
+        return snapshot, sandboxes
 
     # --- reconciliation ---------------------------------------------------------------
     async def sync(self) -> None:

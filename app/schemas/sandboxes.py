@@ -33,6 +33,9 @@ class CreateSandbox(_Body):
     network: NetworkPolicy = NetworkPolicy.NONE
     user: str = Field("user", min_length=1, max_length=64, description="commands run as")
     metadata: dict[str, str] = Field(default_factory=dict, max_length=64)
+    snapshot_id: str | None = Field(
+        None, max_length=32, description="start from this snapshot's files (its image, its node)"
+    )
 
     @model_validator(mode="after")
     def _check_env(self) -> CreateSandbox:
@@ -103,6 +106,32 @@ class ExecBody(_Body):
 
 class ExecOut(ExecResult):
     pass
+
+
+class SnapshotOut(BaseModel):
+    id: str
+    sandbox_id: str
+    backend: str
+    image: str
+    image_digest: str
+    node_id: str
+    size_bytes: int
+    created_at: datetime
+
+
+class SnapshotList(BaseModel):
+    snapshots: list[SnapshotOut]
+
+
+class ForkBody(_Body):
+    count: int = Field(1, ge=1, le=64, description="new sandboxes, each from the same snapshot")
+    ttl_s: float | None = Field(None, gt=0, le=30 * 86400)
+    metadata: dict[str, str] = Field(default_factory=dict, max_length=64)
+
+
+class ForkOut(BaseModel):
+    snapshot: SnapshotOut
+    sandboxes: list[SandboxOut]
 
 
 class TimeoutBody(_Body):

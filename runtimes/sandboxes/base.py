@@ -13,6 +13,8 @@ the node's API answers with (the gateway maps it to its own errors):
     │   ├── PathNotFound      404 path_not_found
     │   ├── PathExists        409 path_exists
     │   └── NotADirectory     400 not_a_directory
+    ├── SnapshotNotFound      404 snapshot_not_found
+    ├── SnapshotInUse         409 snapshot_in_use
     ├── FileTooLarge          413 file_too_large
     ├── ImageUnavailable      404 image_not_found
     └── BackendUnavailable    503 backend_unavailable
@@ -67,6 +69,14 @@ class NotADirectory(SandboxPathError):
     status, code = 400, "not_a_directory"
 
 
+class SnapshotNotFound(SandboxError):
+    status, code = 404, "snapshot_not_found"
+
+
+class SnapshotInUse(SandboxError):
+    status, code = 409, "snapshot_in_use"
+
+
 class FileTooLarge(SandboxError):
     status, code = 413, "file_too_large"
 
@@ -87,6 +97,17 @@ class RootImage:
     rootfs: Path
     env: tuple[tuple[str, str], ...] = ()
     workdir: str = "/"
+    #: read-only layers over the image, topmost first (a snapshot's writable layer)
+    layers: tuple[Path, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotFiles:
+    """A sandbox's writable layer, copied: what a new sandbox can start from."""
+
+    snapshot_id: str
+    layer: Path
+    size_bytes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +200,18 @@ class SandboxBackend(ABC):
 
     @abstractmethod
     async def usage(self, sandbox_id: str) -> Usage: ...
+
+    @abstractmethod
+    async def snapshot(self, sandbox_id: str, snapshot_id: str) -> SnapshotFiles:
+        """Copy the sandbox's writable state (files; not its processes) while its
+        processes are frozen; the sandbox goes on as it was."""
+
+    @abstractmethod
+    def snapshot_layer(self, snapshot_id: str) -> SnapshotFiles | None:
+        """A snapshot this node holds, or None."""
+
+    @abstractmethod
+    async def delete_snapshot(self, snapshot_id: str) -> None: ...
 
 
 Factory = Callable[["NodeSettings"], SandboxBackend]

@@ -11,6 +11,7 @@ import asyncio
 import posixpath
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runtimes.sandboxes import rooted
@@ -23,6 +24,7 @@ from runtimes.sandboxes.base import (
     SandboxBackend,
     SandboxNotFound,
     SandboxNotRunning,
+    SnapshotFiles,
     Usage,
     register,
 )
@@ -107,6 +109,7 @@ class FakeSandboxBackend(SandboxBackend):
 
     def __init__(self) -> None:
         self.sandboxes: dict[str, _Sandbox] = {}
+        self.snapshots: dict[str, dict[str, bytes]] = {}
         self._pids = 1
 
     async def start(self) -> list[str]:
@@ -122,7 +125,14 @@ class FakeSandboxBackend(SandboxBackend):
             raise SandboxNotFound(f"no sandbox {sandbox_id}") from None
 
     async def create(self, spec: SandboxSpec, image: RootImage) -> Phases:
-        self.sandboxes[spec.sandbox_id] = _Sandbox(spec)
+        sandbox = self.sandboxes[spec.sandbox_id] = _Sandbox(spec)
+        for layer in reversed(image.layers):
+            sandbox.files.update(self.snapshots[layer.name])
+        for path in sandbox.files:
+            parent = posixpath.dirname(path)
+            while parent not in sandbox.dirs:
+                sandbox.dirs.add(parent)
+                parent = posixpath.dirname(parent)
         return Phases(setup_ms=0.1, start_ms=0.1)
 
     async def destroy(self, sandbox_id: str) -> None:
@@ -216,6 +226,20 @@ class FakeSandboxBackend(SandboxBackend):
         return Usage(
             memory_bytes=1 << 20, cpu_ms=1.0, disk_bytes=sum(map(len, sandbox.files.values()))
         )
+
+    async def snapshot(self, sandbox_id: str, snapshot_id: str) -> SnapshotFiles:
+        self.snapshots[snapshot_id] = dict(self._get(sandbox_id).files)
+        return self._snapshot(snapshot_id)
+
+    def _snapshot(self, snapshot_id: str) -> SnapshotFiles:
+        size = sum(map(len, self.snapshots[snapshot_id].values()))
+        return SnapshotFiles(snapshot_id, Path("/fake-snapshots") / snapshot_id, size)
+
+    def snapshot_layer(self, snapshot_id: str) -> SnapshotFiles | None:
+        return self._snapshot(snapshot_id) if snapshot_id in self.snapshots else None
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        self.snapshots.pop(snapshot_id, None)
 
 
 def _under(path: str, top: str) -> bool:

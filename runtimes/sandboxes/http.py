@@ -20,6 +20,9 @@ NDJSON: one ``ExecEvent`` per line as it happens, the ``exit`` event last.
     POST   /sandboxes/{id}/fs/mkdir         {"path", "user"} -> FileEntry
     POST   /sandboxes/{id}/fs/remove        {"path"}
     POST   /sandboxes/{id}/fs/move          {"source", "destination"} -> FileEntry
+    POST   /sandboxes/{id}/snapshot         {"snapshot_id"} -> SnapshotInfo
+    GET    /snapshots                       -> [SnapshotInfo]
+    DELETE /snapshots/{snapshot_id}?tenant_id=
 """
 
 from __future__ import annotations
@@ -187,6 +190,19 @@ def sandbox_routes(manager: SandboxManager, token: str, *, node_id: str) -> list
         destination = rooted.normalise(str(body["destination"]))
         return _json(await backend.move(sid(request), source, destination))
 
+    async def snapshot(request: Request) -> Response:
+        body = json.loads(await _body(request))
+        snapshot_id = str(body["snapshot_id"])
+        return _json(await manager.snapshot(sid(request), snapshot_id), 201)
+
+    async def snapshots(request: Request) -> Response:
+        return _json(manager.snapshots())
+
+    async def delete_snapshot(request: Request) -> Response:
+        tenant_id = request.query_params.get("tenant_id", "")
+        await manager.delete_snapshot(str(request.path_params["snapshot_id"]), tenant_id=tenant_id)
+        return Response(status_code=204)
+
     one = "/sandboxes/{sandbox_id}"
     table: list[tuple[str, Handler, list[str]]] = [
         ("/sandboxes", create, ["POST"]),
@@ -204,5 +220,8 @@ def sandbox_routes(manager: SandboxManager, token: str, *, node_id: str) -> list
         (f"{one}/fs/mkdir", mkdir, ["POST"]),
         (f"{one}/fs/remove", remove, ["POST"]),
         (f"{one}/fs/move", move, ["POST"]),
+        (f"{one}/snapshot", snapshot, ["POST"]),
+        ("/snapshots", snapshots, ["GET"]),
+        ("/snapshots/{snapshot_id}", delete_snapshot, ["DELETE"]),
     ]
     return [Route(path, guarded(handler), methods=methods) for path, handler, methods in table]

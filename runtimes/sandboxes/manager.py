@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -26,6 +27,8 @@ from runtimes.sandboxes.base import (
     SandboxError,
     SandboxNotFound,
     SandboxNotRunning,
+    SnapshotInUse,
+    SnapshotNotFound,
 )
 from wire.sandboxes import (
     ExecRequest,
@@ -33,6 +36,7 @@ from wire.sandboxes import (
     SandboxSpec,
     SandboxState,
     SandboxStatus,
+    SnapshotInfo,
 )
 
 log = logging.getLogger(__name__)
@@ -64,6 +68,7 @@ class SandboxManager:
         self._state_dir = state_dir
         self._clock = clock
         self._entries: dict[str, _Entry] = {}
+        self._snapshots_dir = state_dir / "snapshots"
         self._reaper: asyncio.Task[None] | None = None
 
     # --- start and stop -------------------------------------------------------------------
@@ -110,7 +115,12 @@ class SandboxManager:
         if backend is None:
             raise SandboxError(f"this node has no {spec.backend!r} sandbox backend")
         began = time.monotonic()
-        image = await asyncio.to_thread(self._resolve_image, spec.image)
+        if spec.snapshot_id is not None:
+            snapshot = self._snapshot(spec.snapshot_id, tenant_id=spec.tenant_id)
+            base = await asyncio.to_thread(self._resolve_image, snapshot.image_digest)
+            image = dataclasses.replace(base, layers=self._layers(backend, spec.snapshot_id))
+        else:
+            image = await asyncio.to_thread(self._resolve_image, spec.image)
         image_ms = (time.monotonic() - began) * 1000
         now = self._clock()
         status = SandboxStatus(
@@ -216,6 +226,84 @@ class SandboxManager:
 
     def live_count(self) -> int:
         return sum(1 for e in self._entries.values() if e.status.state is not SandboxState.STOPPED)
+
+    # --- snapshots ------------------------------------------------------------------------
+    async def snapshot(self, sandbox_id: str, snapshot_id: str) -> SnapshotInfo:
+        """Copy a sandbox's files (not its processes) as ``snapshot_id``."""
+        entry = self._live(sandbox_id)
+        async with entry.lock:
+            files = await entry.backend.snapshot(sandbox_id, snapshot_id)
+        info = SnapshotInfo(
+            snapshot_id=snapshot_id,
+            sandbox_id=sandbox_id,
+            tenant_id=entry.spec.tenant_id,
+            backend=entry.spec.backend,
+            image_digest=entry.status.image_digest,
+            parent_snapshot_id=entry.spec.snapshot_id,
+            size_bytes=files.size_bytes,
+            created_at=self._clock(),
+        )
+        self._snapshots_dir.mkdir(exist_ok=True, mode=0o700)
+        path = self._snapshots_dir / f"{snapshot_id}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(info.model_dump_json())
+        tmp.replace(path)
+        self._touch(entry)
+        return info
+
+    def snapshots(self) -> list[SnapshotInfo]:
+        found = []
+        for path in sorted(self._snapshots_dir.glob("*.json")):
+            with contextlib.suppress(OSError, ValueError):
+                found.append(SnapshotInfo.model_validate_json(path.read_text()))
+        return found
+
+    async def delete_snapshot(self, snapshot_id: str, *, tenant_id: str) -> None:
+        info = self._snapshot(snapshot_id, tenant_id=tenant_id)
+        users = [
+            e.spec.sandbox_id
+            for e in self._entries.values()
+            if e.status.state is not SandboxState.STOPPED
+            and snapshot_id in self._chain(e.spec.snapshot_id)
+        ]
+        children = [s.snapshot_id for s in self.snapshots() if s.parent_snapshot_id == snapshot_id]
+        if users or children:
+            raise SnapshotInUse(
+                f"snapshot {snapshot_id} is the base of sandboxes {users} or snapshots {children}"
+            )
+        await self.backends[info.backend].delete_snapshot(snapshot_id)
+        (self._snapshots_dir / f"{snapshot_id}.json").unlink(missing_ok=True)
+
+    def _snapshot(self, snapshot_id: str, *, tenant_id: str) -> SnapshotInfo:
+        try:
+            text = (self._snapshots_dir / f"{snapshot_id}.json").read_text()
+        except (OSError, ValueError):
+            raise SnapshotNotFound(f"no snapshot {snapshot_id} on this node") from None
+        info = SnapshotInfo.model_validate_json(text)
+        if info.tenant_id != tenant_id:
+            raise SnapshotNotFound(f"no snapshot {snapshot_id} on this node")
+        return info
+
+    def _chain(self, snapshot_id: str | None) -> list[str]:
+        """``snapshot_id`` and the snapshots below it, topmost first."""
+        chain: list[str] = []
+        while snapshot_id is not None and snapshot_id not in chain:
+            chain.append(snapshot_id)
+            path = self._snapshots_dir / f"{snapshot_id}.json"
+            try:
+                snapshot_id = SnapshotInfo.model_validate_json(path.read_text()).parent_snapshot_id
+            except (OSError, ValueError):
+                break
+        return chain
+
+    def _layers(self, backend: SandboxBackend, snapshot_id: str) -> tuple[Path, ...]:
+        layers = []
+        for sid in self._chain(snapshot_id):
+            files = backend.snapshot_layer(sid)
+            if files is None:
+                raise SnapshotNotFound(f"snapshot {sid}'s files are gone from this node")
+            layers.append(files.layer)
+        return tuple(layers)
 
     # --- reaping --------------------------------------------------------------------------
     async def reap(self) -> None:

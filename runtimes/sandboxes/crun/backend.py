@@ -30,6 +30,7 @@ from runtimes.sandboxes.base import (
     SandboxError,
     SandboxNotFound,
     SandboxNotRunning,
+    SnapshotFiles,
     Usage,
 )
 from runtimes.sandboxes.crun import bundle, mounts
@@ -68,6 +69,8 @@ class CrunBackend(SandboxBackend):
         self.cgroup_root = cgroup_root
         self._binary: str | None = None
         self._processes: dict[str, set[CrunProcess]] = {}
+        self._meta: dict[str, dict[str, Any]] = {}
+        self._accounts: dict[tuple[str, str], tuple[tuple[float, int], Account]] = {}
 
     # --- set-up -----------------------------------------------------------------------
     async def start(self) -> list[str]:
@@ -130,7 +133,8 @@ class CrunBackend(SandboxBackend):
         (layer / "upper").mkdir()
         (layer / "work").mkdir()
         os.chmod(layer / "upper", 0o755)
-        options = f"lowerdir={image.rootfs},upperdir={layer / 'upper'},workdir={layer / 'work'}"
+        lower = ":".join(str(p) for p in (*image.layers, image.rootfs))
+        options = f"lowerdir={lower},upperdir={layer / 'upper'},workdir={layer / 'work'}"
         mounts.mount("corral-rootfs", rootfs, "overlay", options)
         config = bundle.config(
             spec, rootfs=rootfs, init_binary=self.init_binary, cgroup_parent=CGROUP_PARENT
@@ -141,6 +145,9 @@ class CrunBackend(SandboxBackend):
 
     async def destroy(self, sandbox_id: str) -> None:
         directory = self._dir(sandbox_id)
+        self._meta.pop(sandbox_id, None)
+        for key in [k for k in self._accounts if k[0] == sandbox_id]:
+            del self._accounts[key]
         for process in list(self._processes.pop(sandbox_id, ())):
             await process.kill()
         with contextlib.suppress(RuntimeCommandError):
@@ -171,16 +178,44 @@ class CrunBackend(SandboxBackend):
         return str(state.get("status", "unknown")) if isinstance(state, dict) else "unknown"
 
     # --- commands ---------------------------------------------------------------------
+    def _exec_context(
+        self, sandbox_id: str, directory: Path, user: str
+    ) -> tuple[dict[str, Any], Account]:
+        """The sandbox's saved settings and ``user``'s account, cached while the sandbox's
+        /etc/passwd is unchanged; the kernel's freezer says whether it can run commands
+        (no runtime command on the hot path)."""
+        try:
+            state = (self._cgroup("freezer", sandbox_id) / "freezer.state").read_text().strip()
+        except OSError:
+            if not (directory / "config.json").exists():
+                raise SandboxNotFound(f"no sandbox {sandbox_id}") from None
+            raise SandboxNotRunning(f"sandbox {sandbox_id} is not running") from None
+        if state != "THAWED":
+            raise SandboxNotRunning(f"sandbox {sandbox_id} is paused")
+        meta = self._meta.get(sandbox_id)
+        if meta is None:
+            meta = self._meta[sandbox_id] = json.loads((directory / "sandbox.json").read_text())
+        fs = RootedFS(directory / "rootfs")
+        try:
+            passwd = fs.stat("/etc/passwd")
+            version: tuple[float, int] = (passwd.modified_at, passwd.size)
+        except SandboxError:
+            version = (0.0, -1)
+        key = (sandbox_id, user)
+        cached = self._accounts.get(key)
+        if cached is not None and cached[0] == version:
+            return meta, cached[1]
+        account = fs.account(user)
+        self._accounts[key] = (version, account)
+        return meta, account
+
     async def exec(
         self, sandbox_id: str, request: ExecRequest, *, default_user: str
     ) -> CrunProcess:
-        status = await self._require(sandbox_id)
-        if status != "running":
-            raise SandboxNotRunning(f"sandbox {sandbox_id} is {status}")
         directory = self._dir(sandbox_id)
-        fs = RootedFS(directory / "rootfs")
-        account = await asyncio.to_thread(fs.account, request.user or default_user)
-        meta = json.loads((directory / "sandbox.json").read_text())
+        meta, account = await asyncio.to_thread(
+            self._exec_context, sandbox_id, directory, request.user or default_user
+        )
         env = {
             "PATH": bundle.DEFAULT_PATH,
             "HOME": account.home,
@@ -305,6 +340,55 @@ class CrunBackend(SandboxBackend):
 
         return await asyncio.to_thread(read)
 
+    # --- snapshots ------------------------------------------------------------------------
+    def _snapshot_dir(self, snapshot_id: str) -> Path:
+        if not snapshot_id.replace("_", "").replace("-", "").isalnum():
+            raise SandboxNotFound(f"no snapshot {snapshot_id!r}")
+        return self.root / ".snapshots" / snapshot_id
+
+    async def snapshot(self, sandbox_id: str, snapshot_id: str) -> SnapshotFiles:
+        directory = self._dir(sandbox_id)
+        upper = directory / "layer" / "upper"
+        if not upper.is_dir():
+            raise SandboxNotFound(f"no sandbox {sandbox_id}")
+        target = self._snapshot_dir(snapshot_id)
+        staging = target.with_name(target.name + ".partial")
+        frozen = (self._cgroup("freezer", sandbox_id) / "freezer.state").read_text().strip()
+        if frozen == "THAWED":
+            await self._runtime("pause", sandbox_id)
+        try:
+            await asyncio.to_thread(staging.parent.mkdir, parents=True, exist_ok=True)
+            # cp -a keeps overlayfs's whiteouts (0/0 devices) and opaque-dir xattrs
+            proc = await asyncio.create_subprocess_exec(
+                "cp",
+                "-a",
+                "--reflink=auto",
+                str(upper),
+                str(staging),
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            _, err = await proc.communicate()
+            if proc.returncode != 0:
+                await asyncio.to_thread(shutil.rmtree, staging, True)
+                raise SandboxError(f"snapshot of {sandbox_id} failed: {err.decode()[:200]}")
+        finally:
+            if frozen == "THAWED":
+                await self._runtime("resume", sandbox_id)
+        await asyncio.to_thread(staging.rename, target)
+        size = await asyncio.to_thread(_tree_size, target)
+        log.info("sandbox=%s: snapshot %s, %d bytes", sandbox_id, snapshot_id, size)
+        return SnapshotFiles(snapshot_id=snapshot_id, layer=target, size_bytes=size)
+
+    def snapshot_layer(self, snapshot_id: str) -> SnapshotFiles | None:
+        target = self._snapshot_dir(snapshot_id)
+        if not target.is_dir():
+            return None
+        return SnapshotFiles(snapshot_id=snapshot_id, layer=target, size_bytes=_tree_size(target))
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        await asyncio.to_thread(shutil.rmtree, self._snapshot_dir(snapshot_id), True)
+
     # --- the runtime's command line -------------------------------------------------------
     def _cgroup(self, controller: str, sandbox_id: str) -> Path:
         return self.cgroup_root / controller / CGROUP_PARENT / sandbox_id
@@ -351,6 +435,16 @@ async def _wait_for_pid(pid_file: Path, proc: asyncio.subprocess.Process) -> int
             return None
         await asyncio.sleep(0.001)
     return None
+
+
+def _tree_size(root: Path) -> int:
+    total = 0
+    for path in root.rglob("*"):
+        with contextlib.suppress(OSError):
+            info = path.lstat()
+            if not path.is_dir():
+                total += info.st_size
+    return total
 
 
 def _read_int(path: Path) -> int | None:

@@ -78,6 +78,7 @@ def test_models_define_the_expected_tables() -> None:
         "usage_events",
         "usage_rollups",
         "blobs",
+        "snapshots",
     }
     assert expected == MODEL_TABLES
 
@@ -87,7 +88,7 @@ async def test_upgrade_downgrade_upgrade(engine: AsyncEngine) -> None:
 
     await upgrade(engine, "head")
     assert await _tables(engine) == MODEL_TABLES | {"alembic_version"}
-    assert await _revision(engine) == "0005"
+    assert await _revision(engine) == "0006"
 
     await downgrade(engine, "base")
     assert await _tables(engine) == {"alembic_version"}
@@ -95,7 +96,7 @@ async def test_upgrade_downgrade_upgrade(engine: AsyncEngine) -> None:
 
     await upgrade(engine, "head")
     assert await _tables(engine) == MODEL_TABLES | {"alembic_version"}
-    assert await _revision(engine) == "0005"
+    assert await _revision(engine) == "0006"
 
 
 async def test_upgrade_is_idempotent(engine: AsyncEngine) -> None:

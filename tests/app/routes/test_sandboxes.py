@@ -164,3 +164,73 @@ def test_bad_requests_get_clear_4xx(sandbox_client: TestClient, tenant: dict[str
         f"/v1/sandboxes/{sbx['id']}/files/remove", json={"path": "/"}, headers=headers
     )
     assert root.status_code == 400
+
+
+def test_snapshot_create_from_it_and_fork(
+    sandbox_client: TestClient, tenant: dict[str, Any]
+) -> None:
+    from tests.conftest import ADMIN
+
+    client, headers = sandbox_client, tenant["headers"]
+    patched = client.patch(
+        f"/v1/tenants/{tenant['id']}",
+        json={"quota": {"max_concurrent_sandboxes": 8}},
+        headers=ADMIN,
+    )
+    assert patched.status_code == 200, patched.text
+    sbx = create(client, headers, metadata={"episode": "3"})
+    one = f"/v1/sandboxes/{sbx['id']}"
+    client.put(
+        f"{one}/files", params={"path": "/home/user/step.txt"}, content=b"step 5", headers=headers
+    )
+    snap = client.post(f"{one}/snapshot", headers=headers)
+    assert snap.status_code == 201, snap.text
+    snap_id = snap.json()["id"]
+    assert snap.json()["node_id"] == sbx["node_id"] and snap.json()["size_bytes"] == 6
+    again = create(client, headers, snapshot_id=snap_id)
+    got = client.get(
+        f"/v1/sandboxes/{again['id']}/files",
+        params={"path": "/home/user/step.txt"},
+        headers=headers,
+    )
+    assert got.content == b"step 5"
+    forked = client.post(f"{one}/fork", json={"count": 3}, headers=headers)
+    assert forked.status_code == 201, forked.text
+    branches = forked.json()["sandboxes"]
+    assert len(branches) == 3 and len({b["id"] for b in branches}) == 3
+    for branch in branches:
+        assert branch["metadata"] == {"episode": "3", "forked_from": sbx["id"]}
+        text = client.post(
+            f"/v1/sandboxes/{branch['id']}/exec",
+            json={"cmd": ["cat", "/home/user/step.txt"]},
+            headers=headers,
+        ).json()
+        assert text["stdout"] == "step 5"
+    in_use = client.delete(f"/v1/snapshots/{snap_id}", headers=headers)
+    assert in_use.status_code == 409
+    listed = client.get("/v1/snapshots", headers=headers).json()["snapshots"]
+    assert {s["id"] for s in listed} == {snap_id, forked.json()["snapshot"]["id"]}
+    client.delete(f"/v1/sandboxes/{again['id']}", headers=headers)
+    assert client.delete(f"/v1/snapshots/{snap_id}", headers=headers).status_code == 204
+    assert (
+        client.post("/v1/sandboxes", json={"snapshot_id": snap_id}, headers=headers).status_code
+        == 404
+    )
+
+
+def test_a_snapshot_is_the_tenants_own(sandbox_client: TestClient, tenant: dict[str, Any]) -> None:
+    from tests.conftest import ADMIN
+
+    client = sandbox_client
+    sbx = create(client, tenant["headers"])
+    snap_id = client.post(f"/v1/sandboxes/{sbx['id']}/snapshot", headers=tenant["headers"]).json()[
+        "id"
+    ]
+    other = client.post("/v1/tenants", json={"name": "snap-thief"}, headers=ADMIN).json()
+    thief = {"Authorization": f"Bearer {other['key']['api_key']}"}
+    stolen = client.post(
+        "/v1/sandboxes", json={"backend": "fake", "snapshot_id": snap_id}, headers=thief
+    )
+    assert stolen.status_code == 404
+    assert client.delete(f"/v1/snapshots/{snap_id}", headers=thief).status_code == 404
+    assert client.get("/v1/snapshots", headers=thief).json()["snapshots"] == []

@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from runtimes.sandboxes.base import RootImage, SandboxNotFound, SandboxNotRunning
+from runtimes.sandboxes.base import (
+    RootImage,
+    SandboxNotFound,
+    SandboxNotRunning,
+    SnapshotInUse,
+    SnapshotNotFound,
+)
 from runtimes.sandboxes.crun.backend import CrunBackend
 from runtimes.sandboxes.fake import FakeSandboxBackend
 from runtimes.sandboxes.manager import SandboxManager
@@ -113,3 +119,43 @@ async def test_an_abandoned_container_is_reaped_at_its_ttl_and_freed(
     finally:
         await m.destroy_all("test over")
         await m.close()
+
+
+@pytest.mark.crun
+async def test_snapshots_carry_files_and_deletions_across_a_chain(
+    tmp_path: Path, busybox_image: RootImage
+) -> None:
+    from wire.sandboxes import collect
+
+    async def sh(sandbox_id: str, line: str) -> str:
+        process = await m.exec(sandbox_id, ExecRequest(cmd=["sh", "-c", line], user="root"))
+        return (await collect(process.events())).stdout
+
+    m = manager(tmp_path, CrunBackend(tmp_path / "data"), Clock(), busybox_image)
+    await m.start()
+    try:
+        await m.create(spec("sbx-origin"))
+        await sh("sbx-origin", "echo one > /home/user/a; rm /etc/secret; mkdir -p /opt/x")
+        first = await m.snapshot("sbx-origin", "snap_one")
+        assert first.size_bytes >= 4 and first.parent_snapshot_id is None
+        await m.create(spec("sbx-second", snapshot_id="snap_one"))
+        listing = await sh("sbx-second", "cat /home/user/a; ls /etc; ls -d /opt/x")
+        assert "one" in listing and "secret" not in listing and "/opt/x" in listing
+        await sh("sbx-second", "echo two > /home/user/b")
+        second = await m.snapshot("sbx-second", "snap_two")
+        assert second.parent_snapshot_id == "snap_one"
+        await m.create(spec("sbx-third", snapshot_id="snap_two"))
+        assert (await sh("sbx-third", "cat /home/user/a /home/user/b")) == "one\ntwo\n"
+        assert "secret" not in await sh("sbx-third", "ls /etc")
+        assert "secret" not in await sh("sbx-origin", "ls /etc")  # the origin goes on as it was
+        assert (await m.status("sbx-origin")).state is SandboxState.RUNNING
+        with pytest.raises(SnapshotInUse):
+            await m.delete_snapshot("snap_one", tenant_id="ten_test")
+        with pytest.raises(SnapshotNotFound):
+            await m.delete_snapshot("snap_one", tenant_id="ten_other")
+    finally:
+        await m.destroy_all("test over")
+        for sid in ("snap_two", "snap_one"):
+            await m.delete_snapshot(sid, tenant_id="ten_test")
+        await m.close()
+    assert not (tmp_path / "data" / "sandboxes" / ".snapshots" / "snap_one").exists()

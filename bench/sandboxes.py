@@ -1,0 +1,285 @@
+"""Sandbox benchmark: create-to-first-exec, exec, creates per second, a burst, density.
+
+Starts ``corral serve`` (embedded; crun; the ``python`` image from var/images) unless
+``--url`` names a running server, and measures through the API, as a client sees it:
+
+* cold create-to-first-exec latency (``POST /v1/sandboxes`` then ``exec true``), p50/p90;
+* exec latency of ``true`` in a running sandbox;
+* creates per second at concurrency 8 (each sandbox destroyed after its first exec);
+* a burst of ``--burst`` creates at once: all ready, time to the last;
+* memory per idle sandbox and how many idle sandboxes the machine holds: ``--hold`` idle
+  sandboxes are created, and the host's available memory before and after gives the
+  cost of each (page cache of the shared image is counted once, as it is).
+
+Baseline in the same run: the OCI runtime itself on the same image without Corral
+(``crun run -d`` of a prepared bundle, ``crun exec true``, ``crun delete -f``), so the
+ratio says what the platform adds. Prints one JSON document.
+
+    .venv/bin/python bench/sandboxes.py --creates 40 --execs 200 --burst 200 --hold 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from fncall import ROOT, Server
+from stats import latency_summary
+
+IMAGES = ROOT / "var" / "images"
+
+
+def meminfo_available_mb() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no MemAvailable")
+
+
+class Api:
+    def __init__(self, url: str, key: str) -> None:
+        self.http = httpx.AsyncClient(
+            base_url=url,
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=120,
+            limits=httpx.Limits(max_connections=256),
+        )
+
+    async def create(self, **body: Any) -> str:
+        for _ in range(600):
+            response = await self.http.post("/v1/sandboxes", json={"image": "python", **body})
+            if response.status_code != 503:
+                break
+            await asyncio.sleep(0.1)
+        response.raise_for_status()
+        return str(response.json()["id"])
+
+    async def exec(self, sandbox_id: str, cmd: list[str]) -> dict[str, Any]:
+        response = await self.http.post(f"/v1/sandboxes/{sandbox_id}/exec", json={"cmd": cmd})
+        response.raise_for_status()
+        result: dict[str, Any] = response.json()
+        if result["exit_code"] != 0:
+            raise RuntimeError(f"exec failed: {result}")
+        return result
+
+    async def destroy(self, sandbox_id: str) -> None:
+        (await self.http.delete(f"/v1/sandboxes/{sandbox_id}")).raise_for_status()
+
+
+async def create_to_first_exec(api: Api, n: int) -> dict[str, Any]:
+    samples: list[float] = []
+    started = time.perf_counter()
+    for _ in range(n):
+        t0 = time.perf_counter()
+        sandbox_id = await api.create(memory_mb=256)
+        await api.exec(sandbox_id, ["true"])
+        samples.append((time.perf_counter() - t0) * 1000)
+        await api.destroy(sandbox_id)
+    return latency_summary(samples, wall_s=time.perf_counter() - started, errors=0)
+
+
+async def exec_latency(api: Api, n: int) -> dict[str, Any]:
+    sandbox_id = await api.create(memory_mb=256)
+    samples: list[float] = []
+    started = time.perf_counter()
+    try:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            await api.exec(sandbox_id, ["true"])
+            samples.append((time.perf_counter() - t0) * 1000)
+    finally:
+        await api.destroy(sandbox_id)
+    return latency_summary(samples, wall_s=time.perf_counter() - started, errors=0)
+
+
+async def creates_per_second(api: Api, n: int, concurrency: int) -> dict[str, Any]:
+    queue = list(range(n))
+    samples: list[float] = []
+
+    async def worker() -> None:
+        while queue:
+            queue.pop()
+            t0 = time.perf_counter()
+            sandbox_id = await api.create(memory_mb=256)
+            await api.exec(sandbox_id, ["true"])
+            samples.append((time.perf_counter() - t0) * 1000)
+            await api.destroy(sandbox_id)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    wall = time.perf_counter() - started
+    out = latency_summary(samples, wall_s=wall, errors=0)
+    out["creates_per_s"] = round(n / wall, 1)
+    return out
+
+
+async def burst(api: Api, n: int) -> dict[str, Any]:
+    started = time.perf_counter()
+    ready: list[float] = []
+
+    async def one() -> str:
+        sandbox_id = await api.create(memory_mb=256)
+        await api.exec(sandbox_id, ["true"])
+        ready.append(time.perf_counter() - started)
+        return sandbox_id
+
+    ids = await asyncio.gather(*(one() for _ in range(n)))
+    last = time.perf_counter() - started
+    await asyncio.gather(*(api.destroy(i) for i in ids))
+    return {
+        "sandboxes": n,
+        "all_ready": len(ready) == n,
+        "time_to_last_s": round(last, 2),
+        "time_to_half_s": round(sorted(ready)[n // 2 - 1], 2),
+    }
+
+
+async def density(api: Api, n: int, concurrency: int = 8) -> dict[str, Any]:
+    await asyncio.sleep(2)
+    before = meminfo_available_mb()
+    ids: list[str] = []
+    started = time.perf_counter()
+
+    async def worker(count: int) -> None:
+        for _ in range(count):
+            ids.append(await api.create(memory_mb=256, ttl_s=3600))
+
+    share = [n // concurrency + (1 if i < n % concurrency else 0) for i in range(concurrency)]
+    await asyncio.gather(*(worker(c) for c in share))
+    created_s = time.perf_counter() - started
+    await asyncio.sleep(5)  # let the kernel settle its lazy frees
+    after = meminfo_available_mb()
+    probe = await api.exec(ids[len(ids) // 2], ["python3", "-c", "print(6*7)"])
+    per_mb = (before - after) / n
+    total_mb = before + (before - after)  # available when none were held, roughly
+    cleanup = time.perf_counter()
+    for i in range(0, len(ids), 64):
+        await asyncio.gather(*(api.destroy(s) for s in ids[i : i + 64]))
+    return {
+        "held_idle": n,
+        "created_in_s": round(created_s, 1),
+        "memory_per_idle_mb": round(per_mb, 2),
+        "available_before_mb": round(before),
+        "available_while_held_mb": round(after),
+        "one_of_them_still_runs_python": probe["stdout"].strip() == "42",
+        "idle_sandboxes_in_24_gib_estimate": int(24 * 1024 / per_mb) if per_mb > 0 else None,
+        "of_this_machine_estimate": int(total_mb / per_mb) if per_mb > 0 else None,
+        "destroyed_in_s": round(time.perf_counter() - cleanup, 1),
+    }
+
+
+# --- baseline: the OCI runtime alone -----------------------------------------------------------
+def baseline(rootfs: Path, n: int) -> dict[str, Any]:
+    """``crun run -d`` + ``crun exec true`` + ``crun delete -f`` of a bundle over the same
+    image rootfs (read-only, no overlay, no cgroup limits written by Corral)."""
+    crun = shutil.which("crun")
+    if crun is None:
+        return {"skipped": "crun is not installed"}
+    work = Path(tempfile.mkdtemp(prefix="corral-bench-crun-"))
+    state = work / "state"
+    try:
+        subprocess.run([crun, "spec"], cwd=work, check=True)
+        config = json.loads((work / "config.json").read_text())
+        config["process"]["terminal"] = False
+        config["process"]["args"] = ["sleep", "3600"]
+        config["root"] = {"path": str(rootfs), "readonly": True}
+        (work / "config.json").write_text(json.dumps(config))
+        create, execs = [], []
+        for i in range(n):
+            name = f"bench-{i}"
+            t0 = time.perf_counter()
+            subprocess.run(
+                [crun, "--root", str(state), "run", "-d", "--bundle", str(work), name],
+                check=True,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            t1 = time.perf_counter()
+            subprocess.run([crun, "--root", str(state), "exec", name, "true"], check=True)
+            t2 = time.perf_counter()
+            subprocess.run([crun, "--root", str(state), "delete", "-f", name], check=True)
+            create.append((t2 - t0) * 1000)
+            execs.append((t2 - t1) * 1000)
+        return {
+            "create_to_first_exec": latency_summary(create, wall_s=sum(create) / 1000, errors=0),
+            "exec": latency_summary(execs, wall_s=sum(execs) / 1000, errors=0),
+        }
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url")
+    parser.add_argument("--key")
+    parser.add_argument("--creates", type=int, default=40)
+    parser.add_argument("--execs", type=int, default=200)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--burst", type=int, default=200)
+    parser.add_argument("--hold", type=int, default=500)
+    args = parser.parse_args()
+
+    server = None
+    if args.url:
+        url, key = args.url, args.key
+    else:
+        if not (IMAGES / "names" / "python").exists():
+            sys.exit("build the python image first: bash scripts/setup-images.sh")
+        server = Server(
+            8,
+            "nsjail",
+            env={
+                "CORRAL_SANDBOX_BACKENDS": '["crun"]',
+                "CORRAL_IMAGES_DIR": str(IMAGES),
+                "CORRAL_RUNTIMES": '["nsjail"]',
+            },
+        )
+        server.wait_ready()
+        url, key = server.url, server.tenant_key(max_concurrent_sandboxes=100_000)
+    result: dict[str, Any] = {"url": url}
+    try:
+
+        async def run() -> None:
+            api = Api(url, key)
+            result["create_to_first_exec_cold"] = await create_to_first_exec(api, args.creates)
+            result["exec_true"] = await exec_latency(api, args.execs)
+            result[f"creates_at_concurrency_{args.concurrency}"] = await creates_per_second(
+                api, args.creates * 2, args.concurrency
+            )
+            if args.burst:
+                result["burst"] = await burst(api, args.burst)
+            if args.hold:
+                result["density"] = await density(api, args.hold)
+            await api.http.aclose()
+
+        asyncio.run(run())
+        image = json.loads((IMAGES / "names" / "python").read_text())["digest"].split(":")[1]
+        result["baseline_crun_alone"] = baseline(IMAGES / image / "rootfs", min(args.creates, 40))
+        base = result["baseline_crun_alone"]
+        if "exec" in base:
+            result["ratio_exec_p50"] = round(
+                result["exec_true"]["p50_ms"] / base["exec"]["p50_ms"], 2
+            )
+            result["ratio_create_p50"] = round(
+                result["create_to_first_exec_cold"]["p50_ms"]
+                / base["create_to_first_exec"]["p50_ms"],
+                2,
+            )
+    finally:
+        if server is not None:
+            server.stop()
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
