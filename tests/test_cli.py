@@ -46,6 +46,14 @@ COMMANDS = [
     ["images", "import"],
     ["images", "ls"],
     ["images", "rm"],
+    ["sandbox"],
+    ["sandbox", "create"],
+    ["sandbox", "exec"],
+    ["sandbox", "cp"],
+    ["sandbox", "ls"],
+    ["sandbox", "rm"],
+    ["sandbox", "pause"],
+    ["sandbox", "resume"],
 ]
 
 

@@ -44,3 +44,25 @@ def test_the_check_sees_imports_at_any_depth() -> None:
     """Not vacuous: it finds the control plane's own imports of both."""
     app = set().union(*imported_modules("app").values())
     assert {"wire", "runtimes"} <= app
+
+
+def test_the_sdk_needs_only_httpx_and_the_standard_library() -> None:
+    """``corral`` is installed beside a trainer: nothing of the server comes with it."""
+    import sys
+
+    allowed = set(sys.stdlib_module_names) | {"httpx", "corral", "__future__"}
+    offenders = {
+        path: sorted(names - allowed)
+        for path, names in imported_modules("corral").items()
+        if names - allowed
+    }
+    assert offenders == {}
+    assert "httpx" in set().union(*imported_modules("corral").values())
+
+
+def test_the_sdk_exports_what_it_documents() -> None:
+    import corral
+
+    assert sorted(corral.__all__) == corral.__all__
+    assert all(hasattr(corral, name) for name in corral.__all__)
+    assert {"Corral", "AsyncCorral", "Sandbox", "CorralError", "NotFound"} <= set(corral.__all__)

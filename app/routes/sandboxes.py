@@ -168,8 +168,13 @@ async def exec_command(call: Call) -> ExecOut | Response:
         call.tenant.tenant_id, call.path["sandbox_id"], request
     )
     if body.stream:
+        # The node's refusal (paused, gone, unreachable) comes with the first event: take
+        # it before the answer starts, so that it is an error answer, not a cut stream.
+        first = await anext(aiter(events), None)
 
         async def lines() -> AsyncIterator[bytes]:
+            if first is not None:
+                yield first.model_dump_json().encode() + b"\n"
             async for event in events:
                 yield event.model_dump_json().encode() + b"\n"
 

@@ -234,3 +234,15 @@ def test_a_snapshot_is_the_tenants_own(sandbox_client: TestClient, tenant: dict[
     assert stolen.status_code == 404
     assert client.delete(f"/v1/snapshots/{snap_id}", headers=thief).status_code == 404
     assert client.get("/v1/snapshots", headers=thief).json()["snapshots"] == []
+
+
+def test_a_streamed_exec_that_is_refused_is_an_error_answer(
+    sandbox_client: TestClient, tenant: dict[str, Any]
+) -> None:
+    """The node refuses before the first event: a 409, not a 200 stream cut short."""
+    client, headers = sandbox_client, tenant["headers"]
+    one = f"/v1/sandboxes/{create(client, headers)['id']}"
+    client.post(f"{one}/pause", headers=headers)
+    refused = client.post(f"{one}/exec", json={"cmd": ["echo"], "stream": True}, headers=headers)
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["error"]["code"] == "sandbox_not_running"

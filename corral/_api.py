@@ -1,0 +1,158 @@
+"""What the sync and async clients share: settings, request bodies and the exec stream.
+
+No I/O here; ``_client`` and ``_sandbox`` send what these functions build.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+from corral._errors import UnexpectedResponse
+from corral._models import ExecResult
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+DEFAULT_TIMEOUT = 60.0
+#: how much longer than a command's own timeout its exec request may take
+EXEC_MARGIN_S = 30.0
+
+
+def resolve_url(url: str | None) -> str:
+    """``url``, else ``CORRAL_URL``, else the local default (read when a client is made)."""
+    return (url or os.environ.get("CORRAL_URL") or DEFAULT_URL).rstrip("/")
+
+
+def resolve_key(api_key: str | None) -> str | None:
+    return api_key or os.environ.get("CORRAL_API_KEY") or None
+
+
+def headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def one(sandbox_id: str, tail: str = "") -> str:
+    return f"/v1/sandboxes/{quote(sandbox_id, safe='')}{tail}"
+
+
+def drop_none(**values: Any) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def create_body(
+    *,
+    image: str | None,
+    backend: str | None,
+    cpu: float | None,
+    memory_mb: int | None,
+    disk_mb: int | None,
+    ttl_s: float | None,
+    idle_timeout_s: float | None,
+    env: Mapping[str, str] | None,
+    metadata: Mapping[str, str] | None,
+    user: str | None,
+) -> dict[str, Any]:
+    """A create body with only what was given (the server fills in the rest)."""
+    return drop_none(
+        image=image,
+        backend=backend,
+        cpu=cpu,
+        memory_mb=memory_mb,
+        disk_mb=disk_mb,
+        ttl_s=ttl_s,
+        idle_timeout_s=idle_timeout_s,
+        env=dict(env) if env is not None else None,
+        metadata=dict(metadata) if metadata is not None else None,
+        user=user,
+    )
+
+
+def exec_body(
+    cmd: list[str] | str,
+    *,
+    env: Mapping[str, str] | None,
+    cwd: str | None,
+    user: str | None,
+    stdin: str | None,
+    timeout_s: float | None,
+    stream: bool,
+) -> dict[str, Any]:
+    """An argv runs as given; a string runs through ``/bin/sh -c``."""
+    if isinstance(cmd, str):
+        command: dict[str, Any] = {"command": cmd}
+    elif cmd and all(isinstance(arg, str) for arg in cmd):
+        command = {"cmd": list(cmd)}
+    else:
+        raise ValueError("cmd is a non-empty list of strings or a shell line")
+    return {
+        **command,
+        **drop_none(env=dict(env) if env else None, cwd=cwd, user=user, stdin=stdin),
+        "timeout_s": timeout_s,
+        "stream": stream,
+    }
+
+
+def exec_read_timeout(timeout_s: float | None, default: float) -> float | None:
+    """How long to wait for an exec answer (or the next event of its stream)."""
+    return None if timeout_s is None else max(default, timeout_s + EXEC_MARGIN_S)
+
+
+def file_mode(mode: int | None) -> str | None:
+    """Permission bits as the API takes them (octal digits)."""
+    if mode is None:
+        return None
+    if not 0 <= mode <= 0o7777:
+        raise ValueError(f"mode {mode:#o} is not permission bits (0 to 0o7777)")
+    return f"{mode:03o}"
+
+
+def as_bytes(data: bytes | str) -> bytes:
+    return data.encode() if isinstance(data, str) else bytes(data)
+
+
+def json_object(response: Any) -> dict[str, Any]:
+    """A success answer's JSON object (``response`` is an ``httpx.Response``)."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        raise UnexpectedResponse(
+            f"not a Corral answer: {response.text[:200]!r}", status=response.status_code
+        )
+    return body
+
+
+@dataclass
+class ExecStream:
+    """Gathers an exec's NDJSON events (``started``, ``output``..., ``exit``) into its
+    ``ExecResult``; ``feed`` hands back each output chunk as ``(stream, data)``."""
+
+    pid: int | None = None
+    exit: dict[str, Any] | None = None
+    chunks: dict[str, list[str]] = field(default_factory=lambda: {"stdout": [], "stderr": []})
+
+    def feed(self, line: str) -> tuple[str, str] | None:
+        if not line.strip():
+            return None
+        try:
+            event = json.loads(line)
+            kind = event["kind"]
+        except (ValueError, KeyError, TypeError):
+            raise UnexpectedResponse(f"not an exec event: {line[:200]!r}") from None
+        if kind == "started":
+            self.pid = event.get("pid")
+        elif kind == "output" and event.get("stream") in self.chunks:
+            self.chunks[event["stream"]].append(event["data"])
+            return event["stream"], event["data"]
+        elif kind == "exit":
+            self.exit = event
+        return None  # other kinds: from a newer server
+
+    def result(self) -> ExecResult:
+        stdout, stderr = "".join(self.chunks["stdout"]), "".join(self.chunks["stderr"])
+        end = self.exit or {"exit_code": None, "error": "the command's end was not seen"}
+        return ExecResult.from_json({**end, "pid": self.pid}, stdout=stdout, stderr=stderr)
