@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
+import httpx
+
 from corral._errors import UnexpectedResponse
 from corral._models import ExecResult
 
@@ -113,8 +115,8 @@ def as_bytes(data: bytes | str) -> bytes:
     return data.encode() if isinstance(data, str) else bytes(data)
 
 
-def json_object(response: Any) -> dict[str, Any]:
-    """A success answer's JSON object (``response`` is an ``httpx.Response``)."""
+def json_object(response: httpx.Response) -> dict[str, Any]:
+    """A success answer's JSON object."""
     try:
         body = response.json()
     except ValueError:
