@@ -20,6 +20,7 @@ NDJSON: one ``ExecEvent`` per line as it happens, the ``exit`` event last.
     POST   /sandboxes/{id}/fs/mkdir         {"path", "user"} -> FileEntry
     POST   /sandboxes/{id}/fs/remove        {"path"}
     POST   /sandboxes/{id}/fs/move          {"source", "destination"} -> FileEntry
+    ...    /sandboxes/{id}/processes...     background processes (runtimes.sandboxes.processes)
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from starlette.routing import Route
 from runtimes.sandboxes import rooted
 from runtimes.sandboxes.base import SandboxError
 from runtimes.sandboxes.manager import SandboxManager
+from runtimes.sandboxes.processes import ProcessTable, process_routes
 from wire.sandboxes import ExecRequest, SandboxInventory, SandboxSpec
 
 log = logging.getLogger(__name__)
@@ -204,5 +206,6 @@ def sandbox_routes(manager: SandboxManager, token: str, *, node_id: str) -> list
         (f"{one}/fs/mkdir", mkdir, ["POST"]),
         (f"{one}/fs/remove", remove, ["POST"]),
         (f"{one}/fs/move", move, ["POST"]),
+        *process_routes(ProcessTable(manager)),
     ]
     return [Route(path, guarded(handler), methods=methods) for path, handler, methods in table]
