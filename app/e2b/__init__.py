@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from starlette.routing import BaseRoute
 
-from app.e2b import control, envd
+from app.e2b import control, envd, interpreter
 
 
 def routes() -> list[BaseRoute]:
-    return [*control.routes(), *envd.routes()]
+    return [*control.routes(), *envd.routes(), *interpreter.routes()]
