@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
+from app import e2b
 from app.http.errors import HANDLERS
 from app.http.listeners import serving_keyless
 from app.http.middleware import BodySizeLimit, RequestMetrics
@@ -39,7 +40,7 @@ def create_app(settings: Settings | None = None, *, with_node: bool = True) -> S
                 yield
 
     app = Starlette(
-        routes=[ep.route() for ep in ENDPOINTS],
+        routes=[*(ep.route() for ep in ENDPOINTS), *e2b.routes()],
         middleware=[
             Middleware(RequestMetrics, metrics=metrics),
             Middleware(BodySizeLimit, limit=settings.max_body_bytes),

@@ -29,6 +29,7 @@ from app.errors import (
     SandboxNotRunning,
     ValidationFailed,
 )
+from wire.processes import ProcessInfo, ProcessSignal, StartProcess
 from wire.sandboxes import (
     EXEC_EVENT,
     ExecEvent,
@@ -43,6 +44,7 @@ from wire.sandboxes import (
 log = logging.getLogger(__name__)
 
 _ENTRIES = TypeAdapter(list[FileEntry])
+_PROCESSES = TypeAdapter(list[ProcessInfo])
 #: node error code -> the gateway's error
 _ERRORS: dict[str, type[CorralError]] = {
     "sandbox_not_found": NotFound,
@@ -58,6 +60,8 @@ _ERRORS: dict[str, type[CorralError]] = {
     "snapshot_in_use": Conflict,
     "validation_error": ValidationFailed,
     "bad_request": BadRequest,
+    "process_not_found": NotFound,
+    "stdin_closed": BadRequest,
 }
 TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 
@@ -189,6 +193,49 @@ class NodeClient:
         body = {"source": source, "destination": destination}
         response = await self._call("POST", f"/sandboxes/{sandbox_id}/fs/move", json=body)
         return FileEntry.model_validate_json(response.content)
+
+    # --- background processes (runtimes.sandboxes.processes) ---------------------------
+    async def start_process(self, sandbox_id: str, start: StartProcess) -> AsyncIterator[ExecEvent]:
+        """Start a process that outlives this stream; its events from the first."""
+        path = f"/sandboxes/{sandbox_id}/processes"
+        async for event in self._events("POST", path, start.model_dump_json()):
+            yield event
+
+    async def follow_process(self, sandbox_id: str, pid: int) -> AsyncIterator[ExecEvent]:
+        """A running process's events from now on (``started`` first)."""
+        async for event in self._events("GET", f"/sandboxes/{sandbox_id}/processes/{pid}/stream"):
+            yield event
+
+    async def processes(self, sandbox_id: str) -> list[ProcessInfo]:
+        response = await self._call("GET", f"/sandboxes/{sandbox_id}/processes")
+        return _PROCESSES.validate_json(response.content)
+
+    async def signal_process(self, sandbox_id: str, pid: int, signum: int) -> None:
+        body = ProcessSignal(signal=signum).model_dump_json()
+        await self._call("POST", f"/sandboxes/{sandbox_id}/processes/{pid}/signal", content=body)
+
+    async def write_stdin(self, sandbox_id: str, pid: int, data: bytes) -> None:
+        await self._call("POST", f"/sandboxes/{sandbox_id}/processes/{pid}/stdin", content=data)
+
+    async def close_stdin(self, sandbox_id: str, pid: int) -> None:
+        await self._call("POST", f"/sandboxes/{sandbox_id}/processes/{pid}/close-stdin")
+
+    async def _events(
+        self, method: str, path: str, content: str | None = None
+    ) -> AsyncIterator[ExecEvent]:
+        """NDJSON events of a stream that may stay silent for as long as its process."""
+        try:
+            async with self._http.stream(
+                method, path, content=content, timeout=httpx.Timeout(None, connect=5.0)
+            ) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise _error(response)
+                async for line in response.aiter_lines():
+                    if line:
+                        yield EXEC_EVENT.validate_json(line)
+        except httpx.TransportError as exc:
+            raise NodeUnavailable(f"node {self.node_id} cannot be reached: {exc}") from exc
 
 
 def _error(response: httpx.Response) -> CorralError:

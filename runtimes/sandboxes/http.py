@@ -23,6 +23,7 @@ NDJSON: one ``ExecEvent`` per line as it happens, the ``exit`` event last.
     POST   /sandboxes/{id}/snapshot         {"snapshot_id"} -> SnapshotInfo
     GET    /snapshots                       -> [SnapshotInfo]
     DELETE /snapshots/{snapshot_id}?tenant_id=
+    ...    /sandboxes/{id}/processes...     background processes (runtimes.sandboxes.processes)
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from starlette.routing import Route
 from runtimes.sandboxes import rooted
 from runtimes.sandboxes.base import SandboxError
 from runtimes.sandboxes.manager import SandboxManager
+from runtimes.sandboxes.processes import ProcessTable, process_routes
 from wire.sandboxes import ExecRequest, SandboxInventory, SandboxSpec
 
 log = logging.getLogger(__name__)
@@ -223,5 +225,6 @@ def sandbox_routes(manager: SandboxManager, token: str, *, node_id: str) -> list
         (f"{one}/snapshot", snapshot, ["POST"]),
         ("/snapshots", snapshots, ["GET"]),
         ("/snapshots/{snapshot_id}", delete_snapshot, ["DELETE"]),
+        *process_routes(ProcessTable(manager)),
     ]
     return [Route(path, guarded(handler), methods=methods) for path, handler, methods in table]

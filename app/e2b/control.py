@@ -1,0 +1,298 @@
+"""The E2B control plane: ``/sandboxes`` and ``/v2/sandboxes`` over Corral's records.
+
+Every operation goes through ``app.sandboxes.service.Sandboxes`` (the tenant's records,
+its ``max_concurrent_sandboxes``, placement, the node that holds the sandbox), exactly as
+``/v1/sandboxes`` does; only the shapes differ. A template names a Corral image
+(``TEMPLATE_IMAGES`` maps E2B's stock names to ``python``), ``timeout`` is the TTL,
+``metadata`` and ``envVars`` pass through. E2B forgets a sandbox once it is killed: a
+stopped record answers 404 here (it stays in ``/v1/sandboxes?state=stopped``).
+
+The create and connect answers hand out the caller's own key as ``envdAccessToken`` and
+``trafficAccessToken`` (``app.e2b.auth``): the SDK sends them on every in-sandbox call.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import parse_qsl, unquote
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from app.auth.principal import Principal
+from app.db.models import Sandbox
+from app.e2b.auth import services, tenant
+from app.e2b.errors import Handler, NotSupported, guarded, rest_error
+from app.errors import BadRequest, Conflict, NotFound, PayloadTooLarge
+from app.schemas.sandboxes import CreateSandbox
+from wire.sandboxes import SandboxState
+
+log = logging.getLogger(__name__)
+
+#: what the create answer says envd is: the features the SDK may use with it (octet-stream
+#: uploads, closing stdin, the sandbox's default user; not file metadata, 0.6.2)
+ENVD_VERSION = "0.5.7"
+#: E2B's stock templates, as Corral images
+TEMPLATE_IMAGES = {"base": "python", "code-interpreter-v1": "python", "code-interpreter": "python"}
+DEFAULT_TIMEOUT_S = 300
+MAX_BODY_BYTES = 1 << 20
+
+
+def _iso(moment: datetime | None) -> str:
+    moment = moment or datetime.now(UTC)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.isoformat()
+
+
+def _state(row: Sandbox) -> str:
+    return "paused" if row.state == SandboxState.PAUSED.value else "running"
+
+
+def _template(row: Sandbox) -> str:
+    return str((row.meta or {}).get("e2b.template") or row.image)
+
+
+def _metadata(row: Sandbox) -> dict[str, str]:
+    return {k: str(v) for k, v in (row.meta or {}).items() if not k.startswith("e2b.")}
+
+
+def created(row: Sandbox, key: str) -> dict[str, Any]:
+    """E2B's ``Sandbox``: what a create or connect answers."""
+    return {
+        "templateID": _template(row),
+        "sandboxID": row.id,
+        "clientID": row.node_id or "corral",
+        "envdVersion": ENVD_VERSION,
+        "envdAccessToken": key,
+        "trafficAccessToken": key,
+        "domain": None,
+    }
+
+
+def listed(row: Sandbox) -> dict[str, Any]:
+    """E2B's ``ListedSandbox``."""
+    spec = row.spec or {}
+    return {
+        "templateID": _template(row),
+        "sandboxID": row.id,
+        "clientID": row.node_id or "corral",
+        "startedAt": _iso(row.started_at or row.created_at),
+        "endAt": _iso(row.expires_at),
+        "cpuCount": max(1, round(float(spec.get("cpu", 1.0)))),
+        "memoryMB": int(spec.get("memory_mb", 0)),
+        "diskSizeMB": int(spec.get("disk_mb", 0)),
+        "state": _state(row),
+        "envdVersion": ENVD_VERSION,
+        "metadata": _metadata(row),
+    }
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    data = await request.body()
+    if len(data) > MAX_BODY_BYTES:
+        raise PayloadTooLarge(f"the body is over {MAX_BODY_BYTES} bytes")
+    body = json.loads(data or b"{}")
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    return body
+
+
+def _strings(value: object, name: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise BadRequest(f"{name} must be an object of strings")
+    return dict(value)
+
+
+def _timeout(value: object, default: float | None) -> float | None:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise BadRequest("timeout must be a positive number of seconds")
+    return float(value)
+
+
+async def _live(request: Request, principal: Principal, sandbox_id: str) -> Sandbox:
+    """The tenant's sandbox, unless it has stopped (E2B has forgotten it then)."""
+    row = await services(request).sandboxes.get(principal.tenant_id, sandbox_id)
+    if row.state == SandboxState.STOPPED.value:
+        raise NotFound(f"sandbox {sandbox_id} not found")
+    return row
+
+
+async def _extend(request: Request, principal: Principal, sandbox_id: str, ttl_s: float) -> Sandbox:
+    """Make the sandbox last at least ``ttl_s`` from now (never shorten it)."""
+    row = await _live(request, principal, sandbox_id)
+    expires = row.expires_at
+    if expires is not None and expires.tzinfo is None:
+        expires = expires.replace(tzinfo=UTC)
+    if expires is not None and expires.timestamp() >= time.time() + ttl_s:
+        return row
+    return await services(request).sandboxes.action(
+        principal.tenant_id, sandbox_id, "timeout", {"ttl_s": ttl_s}
+    )
+
+
+def routes() -> list[Route]:
+    async def create(request: Request) -> Response:
+        principal, key = await tenant(request)
+        body = await _body(request)
+        for field in ("volumeMounts", "mcp"):
+            if body.get(field):
+                raise NotSupported(f"{field} is not supported by Corral")
+        template = str(body.get("templateID") or "base")
+        metadata = _strings(body.get("metadata"), "metadata")
+        create = CreateSandbox(
+            image=TEMPLATE_IMAGES.get(template, template),
+            ttl_s=_timeout(body.get("timeout"), DEFAULT_TIMEOUT_S),
+            env=_strings(body.get("envVars"), "envVars"),
+            metadata=metadata | {"e2b.template": template},
+        )
+        row = await services(request).sandboxes.create(principal, create)
+        log.info("sandbox=%s tenant=%s: created for E2B", row.id, principal.tenant_id)
+        return JSONResponse(created(row, key), status_code=201)
+
+    async def get(request: Request) -> Response:
+        principal, key = await tenant(request)
+        sandbox_id = request.path_params["sandbox_id"]
+        row = await services(request).sandboxes.refresh(principal.tenant_id, sandbox_id)
+        if row.state == SandboxState.STOPPED.value:
+            raise NotFound(f"sandbox {sandbox_id} not found")
+        return JSONResponse(listed(row) | {"envdAccessToken": key})
+
+    async def listing(request: Request) -> Response:
+        principal, _ = await tenant(request)
+        params = request.query_params
+        states = {s for s in params.get("state", "running,paused").split(",") if s}
+        wanted = dict(parse_qsl(params.get("metadata", ""), keep_blank_values=True))
+        wanted = {unquote(k): unquote(v) for k, v in wanted.items()}
+        try:
+            limit = min(max(int(params.get("limit", "100")), 1), 1000)
+        except ValueError:
+            raise BadRequest("limit must be an integer") from None
+        rows = await services(request).sandboxes.list(
+            principal.tenant_id, state="live", limit=limit
+        )
+        answer = [
+            listed(row)
+            for row in rows
+            if row.state != SandboxState.CREATING.value
+            and _state(row) in states
+            and all(_metadata(row).get(k) == v for k, v in wanted.items())
+        ]
+        return JSONResponse(answer)
+
+    async def kill(request: Request) -> Response:
+        principal, _ = await tenant(request)
+        sandbox_id = request.path_params["sandbox_id"]
+        await _live(request, principal, sandbox_id)
+        await services(request).sandboxes.destroy(principal.tenant_id, sandbox_id)
+        log.info("sandbox=%s: killed through E2B", sandbox_id)
+        return Response(status_code=204)
+
+    async def set_timeout(request: Request) -> Response:
+        principal, _ = await tenant(request)
+        sandbox_id = request.path_params["sandbox_id"]
+        ttl_s = _timeout((await _body(request)).get("timeout"), None)
+        if ttl_s is None:
+            raise BadRequest("timeout is required")
+        await _live(request, principal, sandbox_id)
+        await services(request).sandboxes.action(
+            principal.tenant_id, sandbox_id, "timeout", {"ttl_s": ttl_s}
+        )
+        return Response(status_code=204)
+
+    async def refresh(request: Request) -> Response:
+        principal, _ = await tenant(request)
+        sandbox_id = request.path_params["sandbox_id"]
+        ttl_s = _timeout((await _body(request)).get("duration"), 60.0) or 60.0
+        await _extend(request, principal, sandbox_id, ttl_s)
+        return Response(status_code=204)
+
+    async def pause(request: Request) -> Response:
+        principal, _ = await tenant(request)
+        sandbox_id = request.path_params["sandbox_id"]
+        row = await _live(request, principal, sandbox_id)
+        if row.state == SandboxState.PAUSED.value:
+            raise Conflict(f"sandbox {sandbox_id} is already paused")
+        await services(request).sandboxes.action(principal.tenant_id, sandbox_id, "pause")
+        return Response(status_code=204)
+
+    async def connect(request: Request) -> Response:
+        principal, key = await tenant(request)
+        sandbox_id = request.path_params["sandbox_id"]
+        body = await _body(request)
+        ttl_s = _timeout(body.get("timeout"), None)
+        row = await _live(request, principal, sandbox_id)
+        status = 200
+        if row.state == SandboxState.PAUSED.value:
+            row = await services(request).sandboxes.action(
+                principal.tenant_id, sandbox_id, "resume"
+            )
+            status = 201
+        if ttl_s is not None:
+            row = await _extend(request, principal, sandbox_id, ttl_s)
+        return JSONResponse(created(row, key), status_code=status)
+
+    async def resume(request: Request) -> Response:
+        principal, key = await tenant(request)
+        sandbox_id = request.path_params["sandbox_id"]
+        ttl_s = _timeout((await _body(request)).get("timeout"), None)
+        row = await _live(request, principal, sandbox_id)
+        if row.state != SandboxState.PAUSED.value:
+            raise Conflict(f"sandbox {sandbox_id} is not paused")
+        row = await services(request).sandboxes.action(principal.tenant_id, sandbox_id, "resume")
+        if ttl_s is not None:
+            row = await _extend(request, principal, sandbox_id, ttl_s)
+        return JSONResponse(created(row, key), status_code=201)
+
+    async def metrics(request: Request) -> Response:
+        principal, _ = await tenant(request)
+        sandbox_id = request.path_params["sandbox_id"]
+        row = await services(request).sandboxes.refresh(principal.tenant_id, sandbox_id)
+        if row.state == SandboxState.STOPPED.value:
+            raise NotFound(f"sandbox {sandbox_id} not found")
+        spec = row.spec or {}
+        now = datetime.now(UTC)
+        sample = {
+            "timestamp": now.isoformat(),
+            "timestampUnix": int(now.timestamp()),
+            "cpuCount": max(1, round(float(spec.get("cpu", 1.0)))),
+            "cpuUsedPct": 0.0,
+            "memUsed": row.memory_bytes or 0,
+            "memTotal": int(spec.get("memory_mb", 0)) << 20,
+            "memCache": 0,
+            "diskUsed": 0,
+            "diskTotal": int(spec.get("disk_mb", 0)) << 20,
+        }
+        return JSONResponse([sample])
+
+    one = "/sandboxes/{sandbox_id}"
+    table: list[tuple[str, Handler, list[str]]] = [
+        ("/sandboxes", create, ["POST"]),
+        ("/v2/sandboxes", create, ["POST"]),
+        ("/sandboxes", listing, ["GET"]),
+        ("/v2/sandboxes", listing, ["GET"]),
+        (one, get, ["GET"]),
+        (one, kill, ["DELETE"]),
+        (f"{one}/timeout", set_timeout, ["POST"]),
+        (f"{one}/refreshes", refresh, ["POST"]),
+        (f"{one}/pause", pause, ["POST"]),
+        (f"{one}/resume", resume, ["POST"]),
+        (f"{one}/connect", connect, ["POST"]),
+        (f"/v2{one}/connect", connect, ["POST"]),
+        (f"{one}/metrics", metrics, ["GET"]),
+    ]
+    return [
+        Route(path, guarded(handler, rest_error), methods=methods)
+        for path, handler, methods in table
+    ]

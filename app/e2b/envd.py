@@ -1,0 +1,463 @@
+"""envd, the daemon the E2B SDKs talk to inside a sandbox, served by the gateway.
+
+The SDK sends every in-sandbox call to ``E2B_SANDBOX_URL`` with ``E2b-Sandbox-Id``; each
+is authenticated (``app.e2b.auth``), routed to the node that holds the sandbox through
+``Sandboxes`` and answered in envd's shapes:
+
+    /process.Process/Start|Connect          server streams (Connect), from the node's
+                                            process table: started, data, end, keepalives
+    /process.Process/List|SendSignal|SendInput|CloseStdin     unary
+    /process.Process/StreamInput            client stream of stdin
+    /filesystem.Filesystem/Stat|ListDir|MakeDir|Move|Remove   unary
+    GET /files?path=&username=              the file's bytes
+    POST /files?path=&username=             octet-stream or multipart upload -> [WriteInfo]
+    GET /health                             204 running, 502 "... was not found" if not
+
+A command runs as ``/bin/bash -l -c CMD`` (what the SDK sends) and outlives the stream
+that started it; ``Connect-Timeout-Ms`` is its timeout, which kills its whole session, as
+envd does. PTYs, ``Update`` and directory watching are refused (``unimplemented``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import posixpath
+import signal
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+from starlette.datastructures import UploadFile
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from app.e2b import connect
+from app.e2b.auth import SandboxCaller, home_of, run_as, sandbox_caller, services
+from app.e2b.connect import Message
+from app.e2b.errors import (
+    Handler,
+    NotSupported,
+    SandboxGone,
+    connect_unary_error,
+    guarded,
+    rest_error,
+)
+from app.errors import BadRequest, InvalidPath, NotFound, PayloadTooLarge
+from app.sandboxes.nodes import NodeClient
+from wire.processes import ProcessInfo, StartProcess
+from wire.sandboxes import ExecEvent, ExecExit, ExecOutput, ExecRequest, ExecStarted, FileEntry
+
+log = logging.getLogger(__name__)
+
+#: the tag prefix of Corral's own processes (code interpreter workers): not listed
+INTERNAL_TAG = "corral:"
+KEEPALIVE_DEFAULT_S = 50.0
+MAX_FILE_BYTES = 256 << 20
+#: a background process's output kept over its whole life (the rest is counted, dropped)
+PROCESS_OUTPUT_BYTES = 64 << 20
+SIGNALS = {"SIGNAL_SIGKILL": signal.SIGKILL, "SIGNAL_SIGTERM": signal.SIGTERM, 9: 9, 15: 15}
+_FILE_TYPES = {
+    "file": "FILE_TYPE_FILE",
+    "dir": "FILE_TYPE_DIRECTORY",
+    "symlink": "FILE_TYPE_SYMLINK",
+}
+
+
+async def _node(request: Request) -> tuple[SandboxCaller, NodeClient]:
+    caller = await sandbox_caller(request)
+    return caller, await services(request).sandboxes.node_of(caller.row)
+
+
+def _default_user(caller: SandboxCaller) -> str:
+    return str((caller.row.spec or {}).get("user") or "user")
+
+
+def _user(request: Request) -> str | None:
+    """Who an operation acts as: ``Authorization: Basic`` (RPCs) or ``username=`` (/files)."""
+    named = request.query_params.get("username")
+    return run_as(request) or (named if named else None)
+
+
+def _path(request: Request, caller: SandboxCaller, path: object) -> str:
+    if not isinstance(path, str) or not path or "\x00" in path:
+        raise InvalidPath("a path is required")
+    home = home_of(_user(request), _default_user(caller))
+    return posixpath.normpath(posixpath.join(home, path))
+
+
+# --- messages ---------------------------------------------------------------------------
+def _b64(data: str) -> str:
+    return base64.b64encode(data.encode()).decode()
+
+
+def _event(event: ExecEvent) -> Message:
+    """A node event as envd's ``ProcessEvent``."""
+    if isinstance(event, ExecStarted):
+        return {"start": {"pid": event.pid}}
+    if isinstance(event, ExecOutput):
+        return {"data": {event.stream: _b64(event.data)}}
+    return {"end": _end(event)}
+
+
+def _end(event: ExecExit) -> Message:
+    if event.exit_code is not None:
+        end: Message = {
+            "exitCode": event.exit_code,
+            "exited": True,
+            "status": f"exit status {event.exit_code}",
+        }
+    else:
+        name = signal.Signals(event.signal).name if event.signal in _SIGNUMS else "killed"
+        end = {"exitCode": -1, "exited": False, "status": f"signal: {name.lower()}"}
+    if event.error:
+        end["error"] = event.error
+    elif event.timed_out:
+        end["error"] = "the command's timeout killed it"
+    return end
+
+
+_SIGNUMS = {int(s) for s in signal.Signals}
+
+
+def _selected(message: Message, processes: list[ProcessInfo] | None = None) -> int:
+    selector = message.get("process")
+    if not isinstance(selector, dict):
+        raise BadRequest("process selector is required")
+    if "pid" in selector:
+        return int(selector["pid"])
+    if "tag" in selector and processes is not None:
+        for p in processes:
+            if p.tag == selector["tag"]:
+                return p.pid
+        raise NotFound(f"no process tagged {selector['tag']!r}")
+    raise BadRequest("select a process by pid or tag")
+
+
+async def _pid(message: Message, node: NodeClient, sandbox_id: str) -> int:
+    selector = message.get("process")
+    if isinstance(selector, dict) and "tag" in selector and "pid" not in selector:
+        return _selected(message, await node.processes(sandbox_id))
+    return _selected(message)
+
+
+def entry_info(entry: FileEntry) -> Message:
+    """A node's file entry as envd's ``EntryInfo``."""
+    info: Message = {
+        "name": entry.name,
+        "type": _FILE_TYPES.get(entry.type.value, "FILE_TYPE_UNSPECIFIED"),
+        "path": entry.path,
+        "size": str(entry.size),
+        "mode": entry.mode,
+        "permissions": _permissions(entry),
+        "owner": entry.owner,
+        "group": entry.group,
+        "modifiedTime": datetime.fromtimestamp(entry.modified_at, UTC)
+        .isoformat()
+        .replace("+00:00", "Z"),
+    }
+    if entry.symlink_target is not None:
+        info["symlinkTarget"] = entry.symlink_target
+        info["isSymlink"] = True
+    return info
+
+
+def _permissions(entry: FileEntry) -> str:
+    kind = {"dir": "d", "symlink": "L"}.get(entry.type.value, "-")
+    bits = "".join(ch if entry.mode & (1 << (8 - i)) else "-" for i, ch in enumerate("rwxrwxrwx"))
+    return kind + bits
+
+
+# --- process.Process --------------------------------------------------------------------
+async def _follow(
+    events: AsyncIterator[ExecEvent], keepalive_s: float, sandbox_id: str
+) -> AsyncIterator[Message]:
+    """The node's events as envd's stream, with a keepalive when nothing else came."""
+    iterator = aiter(events)
+    pending: asyncio.Task[ExecEvent] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(iterator))
+            done, _ = await asyncio.wait({pending}, timeout=keepalive_s)
+            if not done:
+                yield {"event": {"keepalive": {}}}
+                continue
+            try:
+                event = pending.result()
+            except StopAsyncIteration:
+                return
+            pending = None
+            yield {"event": _event(event)}
+            if isinstance(event, ExecExit):
+                return
+    finally:
+        if pending is not None:
+            pending.cancel()
+            with contextlib.suppress(BaseException):
+                await pending
+        with contextlib.suppress(Exception):
+            await iterator.aclose()  # type: ignore[attr-defined]
+        log.debug("sandbox=%s: process stream closed", sandbox_id)
+
+
+def _keepalive_s(request: Request) -> float:
+    try:
+        return max(1.0, float(request.headers.get("keepalive-ping-interval", KEEPALIVE_DEFAULT_S)))
+    except ValueError:
+        return KEEPALIVE_DEFAULT_S
+
+
+async def process_start(request: Request) -> Response:
+    try:
+        caller, node = await _node(request)
+        message = await connect.first_request(request)
+        if message.get("pty"):
+            raise NotSupported("PTYs are not supported by Corral")
+        config = message.get("process") or {}
+        if not isinstance(config, dict) or not isinstance(config.get("cmd"), str):
+            raise BadRequest("process.cmd is required")
+        args = config.get("args") or []
+        envs = config.get("envs") or {}
+        if not isinstance(args, list) or not isinstance(envs, dict):
+            raise BadRequest("process.args must be a list and process.envs an object")
+        user = run_as(request)
+        cwd = config.get("cwd")
+        start = StartProcess(
+            request=ExecRequest(
+                cmd=[config["cmd"], *map(str, args)],
+                env={str(k): str(v) for k, v in envs.items()},
+                cwd=_path(request, caller, cwd) if cwd else None,
+                user=user,
+                stdin_open=bool(message.get("stdin")),
+                timeout_s=connect.timeout_s(request),
+                max_output_bytes=PROCESS_OUTPUT_BYTES,
+            ),
+            tag=message.get("tag") if isinstance(message.get("tag"), str) else None,
+        )
+        if start.tag is not None and start.tag.startswith(INTERNAL_TAG):
+            raise BadRequest(f"tags starting {INTERNAL_TAG!r} are Corral's own")
+        log.info("sandbox=%s: e2b start %s", caller.sandbox_id, start.request.cmd[:3])
+        events = node.start_process(caller.sandbox_id, start)
+    except Exception as exc:
+        return connect.stream_error(exc)
+    return connect.stream_response(_follow(events, _keepalive_s(request), caller.sandbox_id))
+
+
+async def process_connect(request: Request) -> Response:
+    try:
+        caller, node = await _node(request)
+        message = await connect.first_request(request)
+        pid = await _pid(message, node, caller.sandbox_id)
+        events = node.follow_process(caller.sandbox_id, pid)
+    except Exception as exc:
+        return connect.stream_error(exc)
+    return connect.stream_response(_follow(events, _keepalive_s(request), caller.sandbox_id))
+
+
+async def process_list(request: Request) -> Response:
+    caller, node = await _node(request)
+    await connect.unary_request(request)
+    listed = []
+    for p in await node.processes(caller.sandbox_id):
+        if p.tag is not None and p.tag.startswith(INTERNAL_TAG):
+            continue
+        config: Message = {"cmd": p.cmd[0], "args": p.cmd[1:], "envs": p.env}
+        if p.cwd is not None:
+            config["cwd"] = p.cwd
+        info: Message = {"config": config, "pid": p.pid}
+        if p.tag is not None:
+            info["tag"] = p.tag
+        listed.append(info)
+    return connect.unary_response({"processes": listed})
+
+
+async def process_signal(request: Request) -> Response:
+    caller, node = await _node(request)
+    message = await connect.unary_request(request)
+    signum = SIGNALS.get(message.get("signal", ""))
+    if signum is None:
+        raise BadRequest("signal must be SIGNAL_SIGKILL or SIGNAL_SIGTERM")
+    pid = await _pid(message, node, caller.sandbox_id)
+    await node.signal_process(caller.sandbox_id, pid, int(signum))
+    return connect.unary_response({})
+
+
+def _stdin_bytes(message: Message) -> bytes:
+    data = message.get("input")
+    if not isinstance(data, dict):
+        raise BadRequest("input is required")
+    if "pty" in data:
+        raise NotSupported("PTYs are not supported by Corral")
+    return base64.b64decode(str(data.get("stdin", "")), validate=True)
+
+
+async def process_send_input(request: Request) -> Response:
+    caller, node = await _node(request)
+    message = await connect.unary_request(request)
+    pid = await _pid(message, node, caller.sandbox_id)
+    await node.write_stdin(caller.sandbox_id, pid, _stdin_bytes(message))
+    return connect.unary_response({})
+
+
+async def process_close_stdin(request: Request) -> Response:
+    caller, node = await _node(request)
+    message = await connect.unary_request(request)
+    await node.close_stdin(caller.sandbox_id, await _pid(message, node, caller.sandbox_id))
+    return connect.unary_response({})
+
+
+async def process_stream_input(request: Request) -> Response:
+    async def answer() -> AsyncIterator[Message]:
+        caller, node = await _node(request)
+        pid: int | None = None
+        async for message in connect.stream_requests(request):
+            if "start" in message:
+                pid = await _pid(message["start"] or {}, node, caller.sandbox_id)
+            elif "data" in message:
+                if pid is None:
+                    raise BadRequest("the stream must start by selecting a process")
+                await node.write_stdin(caller.sandbox_id, pid, _stdin_bytes(message["data"]))
+        yield {}
+
+    return connect.stream_response(answer())
+
+
+async def process_unsupported(request: Request) -> Response:
+    raise NotSupported("PTY resizing is not supported by Corral")
+
+
+# --- filesystem.Filesystem --------------------------------------------------------------
+async def fs_stat(request: Request) -> Response:
+    caller, node = await _node(request)
+    message = await connect.unary_request(request)
+    entry = await node.stat(caller.sandbox_id, _path(request, caller, message.get("path")))
+    return connect.unary_response({"entry": entry_info(entry)})
+
+
+async def fs_list(request: Request) -> Response:
+    caller, node = await _node(request)
+    message = await connect.unary_request(request)
+    path = _path(request, caller, message.get("path"))
+    depth = max(1, min(int(message.get("depth") or 1), 16))
+    entries = await node.list_dir(caller.sandbox_id, path, depth=depth)
+    return connect.unary_response({"entries": [entry_info(e) for e in entries]})
+
+
+async def fs_make_dir(request: Request) -> Response:
+    caller, node = await _node(request)
+    message = await connect.unary_request(request)
+    path = _path(request, caller, message.get("path"))
+    entry = await node.make_dir(caller.sandbox_id, path, user=run_as(request))
+    return connect.unary_response({"entry": entry_info(entry)})
+
+
+async def fs_move(request: Request) -> Response:
+    caller, node = await _node(request)
+    message = await connect.unary_request(request)
+    source = _path(request, caller, message.get("source"))
+    destination = _path(request, caller, message.get("destination"))
+    entry = await node.move(caller.sandbox_id, source, destination)
+    return connect.unary_response({"entry": entry_info(entry)})
+
+
+async def fs_remove(request: Request) -> Response:
+    caller, node = await _node(request)
+    message = await connect.unary_request(request)
+    path = _path(request, caller, message.get("path"))
+    if path == "/":
+        raise InvalidPath("the sandbox's root cannot be removed")
+    await node.remove(caller.sandbox_id, path)
+    return connect.unary_response({})
+
+
+async def fs_unsupported(request: Request) -> Response:
+    raise NotSupported("watching directories is not supported by Corral")
+
+
+# --- envd HTTP --------------------------------------------------------------------------
+async def files_get(request: Request) -> Response:
+    caller, node = await _node(request)
+    path = _path(request, caller, request.query_params.get("path"))
+    data = await node.read_file(caller.sandbox_id, path, max_bytes=MAX_FILE_BYTES)
+    return Response(data, media_type="application/octet-stream")
+
+
+async def _uploads(request: Request, caller: SandboxCaller) -> list[tuple[str, bytes]]:
+    """The files of an upload: ``(path, bytes)``, octet-stream or multipart."""
+    kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if request.headers.get("content-encoding", "identity") != "identity":
+        raise NotSupported("compressed uploads are not supported by Corral")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_FILE_BYTES:
+        raise PayloadTooLarge(f"a file is at most {MAX_FILE_BYTES} bytes")
+    if kind == "multipart/form-data":
+        form = await request.form(max_files=1000, max_fields=1000)
+        files: list[tuple[str, bytes]] = []
+        for _, value in form.multi_items():
+            if isinstance(value, UploadFile):
+                name = request.query_params.get("path") or value.filename or ""
+                files.append((_path(request, caller, name), await value.read()))
+        await form.close()
+        if not files:
+            raise BadRequest("the upload carries no file")
+        return files
+    path = _path(request, caller, request.query_params.get("path"))
+    return [(path, await request.body())]
+
+
+async def files_post(request: Request) -> Response:
+    caller, node = await _node(request)
+    user = _user(request)
+    written = []
+    for path, data in await _uploads(request, caller):
+        if len(data) > MAX_FILE_BYTES:
+            raise PayloadTooLarge(f"a file is at most {MAX_FILE_BYTES} bytes")
+        entry = await node.write_file(caller.sandbox_id, path, data, user=user, mode=None)
+        written.append({"name": entry.name, "type": entry.type.value, "path": entry.path})
+    return JSONResponse(written)
+
+
+async def health(request: Request) -> Response:
+    caller = await sandbox_caller(request)
+    await services(request).sandboxes.node_of(caller.row)  # a stopped one: 502
+    if caller.row.state != "running":
+        raise SandboxGone(f"sandbox {caller.sandbox_id} was not found running")
+    return Response(status_code=204)
+
+
+def routes() -> list[Route]:
+    rpc: list[tuple[str, Handler]] = [
+        ("/process.Process/List", process_list),
+        ("/process.Process/SendSignal", process_signal),
+        ("/process.Process/SendInput", process_send_input),
+        ("/process.Process/CloseStdin", process_close_stdin),
+        ("/process.Process/Update", process_unsupported),
+        ("/filesystem.Filesystem/Stat", fs_stat),
+        ("/filesystem.Filesystem/ListDir", fs_list),
+        ("/filesystem.Filesystem/MakeDir", fs_make_dir),
+        ("/filesystem.Filesystem/Move", fs_move),
+        ("/filesystem.Filesystem/Remove", fs_remove),
+        ("/filesystem.Filesystem/CreateWatcher", fs_unsupported),
+        ("/filesystem.Filesystem/GetWatcherEvents", fs_unsupported),
+        ("/filesystem.Filesystem/RemoveWatcher", fs_unsupported),
+    ]
+    streams: list[tuple[str, Handler]] = [
+        ("/process.Process/Start", process_start),
+        ("/process.Process/Connect", process_connect),
+        ("/process.Process/StreamInput", process_stream_input),
+        ("/filesystem.Filesystem/WatchDir", _stream_unsupported),
+    ]
+    return [
+        *(Route(p, guarded(h, connect_unary_error), methods=["POST"]) for p, h in rpc),
+        *(Route(p, guarded(h, connect.stream_error), methods=["POST"]) for p, h in streams),
+        Route("/files", guarded(files_get, rest_error), methods=["GET"]),
+        Route("/files", guarded(files_post, rest_error), methods=["POST"]),
+        Route("/health", guarded(health, rest_error), methods=["GET"]),
+    ]
+
+
+async def _stream_unsupported(request: Request) -> Response:
+    raise NotSupported("watching directories is not supported by Corral")
