@@ -227,57 +227,76 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--burst", type=int, default=200)
     parser.add_argument("--hold", type=int, default=500)
+    parser.add_argument("--warm", type=int, default=8, help="warm python sandboxes (pool run)")
     args = parser.parse_args()
 
-    server = None
-    if args.url:
-        url, key = args.url, args.key
-    else:
-        if not (IMAGES / "names" / "python").exists():
-            sys.exit("build the python image first: bash scripts/setup-images.sh")
-        server = Server(
-            8,
-            "nsjail",
-            env={
-                "CORRAL_SANDBOX_BACKENDS": '["crun"]',
-                "CORRAL_IMAGES_DIR": str(IMAGES),
-                "CORRAL_RUNTIMES": '["nsjail"]',
-            },
-        )
+    if not args.url and not (IMAGES / "names" / "python").exists():
+        sys.exit("build the python image first: bash scripts/setup-images.sh")
+    result: dict[str, Any] = {}
+
+    def serve(warm: int) -> Server:
+        env = {
+            "CORRAL_SANDBOX_BACKENDS": '["crun"]',
+            "CORRAL_IMAGES_DIR": str(IMAGES),
+            "CORRAL_RUNTIMES": '["nsjail"]',
+            "CORRAL_SANDBOX_WARM": json.dumps({"python": warm} if warm else {}),
+        }
+        server = Server(8, "nsjail", env=env)
         server.wait_ready()
-        url, key = server.url, server.tenant_key(max_concurrent_sandboxes=100_000)
-    result: dict[str, Any] = {"url": url}
-    try:
+        return server
 
-        async def run() -> None:
-            api = Api(url, key)
-            result["create_to_first_exec_cold"] = await create_to_first_exec(api, args.creates)
-            result["exec_true"] = await exec_latency(api, args.execs)
-            result[f"creates_at_concurrency_{args.concurrency}"] = await creates_per_second(
-                api, args.creates * 2, args.concurrency
-            )
-            if args.burst:
-                result["burst"] = await burst(api, args.burst)
-            if args.hold:
-                result["density"] = await density(api, args.hold)
-            await api.http.aclose()
+    async def cold_suite(url: str, key: str) -> None:
+        api = Api(url, key)
+        result["create_to_first_exec_cold"] = await create_to_first_exec(api, args.creates)
+        result["exec_true"] = await exec_latency(api, args.execs)
+        result[f"creates_at_concurrency_{args.concurrency}_cold"] = await creates_per_second(
+            api, args.creates * 2, args.concurrency
+        )
+        if args.burst:
+            result["burst_cold"] = await burst(api, args.burst)
+        if args.hold:
+            result["density"] = await density(api, args.hold)
+        await api.http.aclose()
 
-        asyncio.run(run())
-        image = json.loads((IMAGES / "names" / "python").read_text())["digest"].split(":")[1]
-        result["baseline_crun_alone"] = baseline(IMAGES / image / "rootfs", min(args.creates, 40))
-        base = result["baseline_crun_alone"]
-        if "exec" in base:
-            result["ratio_exec_p50"] = round(
-                result["exec_true"]["p50_ms"] / base["exec"]["p50_ms"], 2
-            )
-            result["ratio_create_p50"] = round(
-                result["create_to_first_exec_cold"]["p50_ms"]
-                / base["create_to_first_exec"]["p50_ms"],
-                2,
-            )
-    finally:
-        if server is not None:
-            server.stop()
+    async def pool_suite(url: str, key: str) -> None:
+        api = Api(url, key)
+        await asyncio.sleep(3)  # the pool warms up
+        samples: list[float] = []
+        for _ in range(args.creates):
+            t0 = time.perf_counter()
+            sandbox_id = await api.create(memory_mb=256)
+            await api.exec(sandbox_id, ["true"])
+            samples.append((time.perf_counter() - t0) * 1000)
+            await api.destroy(sandbox_id)
+            await asyncio.sleep(0.3)  # a trainer's pace: the pool refills between creates
+        result["create_to_first_exec_pool"] = latency_summary(
+            samples, wall_s=sum(samples) / 1000, errors=0
+        )
+        result[f"creates_at_concurrency_{args.concurrency}_pool"] = await creates_per_second(
+            api, args.creates * 2, args.concurrency
+        )
+        await api.http.aclose()
+
+    if args.url:
+        asyncio.run(cold_suite(args.url, args.key))
+    else:
+        for warm, suite in ((0, cold_suite), (args.warm, pool_suite)):
+            if warm == 0 and suite is pool_suite:
+                continue
+            server = serve(warm)
+            try:
+                asyncio.run(suite(server.url, server.tenant_key(max_concurrent_sandboxes=100_000)))
+            finally:
+                server.stop()
+    image = json.loads((IMAGES / "names" / "python").read_text())["digest"].split(":")[1]
+    result["baseline_crun_alone"] = baseline(IMAGES / image / "rootfs", min(args.creates, 40))
+    base = result["baseline_crun_alone"]
+    if "exec" in base:
+        result["ratio_exec_p50"] = round(result["exec_true"]["p50_ms"] / base["exec"]["p50_ms"], 2)
+        result["ratio_create_cold_p50"] = round(
+            result["create_to_first_exec_cold"]["p50_ms"] / base["create_to_first_exec"]["p50_ms"],
+            2,
+        )
     print(json.dumps(result, indent=2))
 
 

@@ -179,7 +179,7 @@ def routes() -> list[Route]:
             limit = min(max(int(params.get("limit", "100")), 1), 1000)
         except ValueError:
             raise BadRequest("limit must be an integer") from None
-        rows = await services(request).sandboxes.list(
+        rows = await services(request).sandboxes.list_sandboxes(
             principal.tenant_id, state="live", limit=limit
         )
         answer = [

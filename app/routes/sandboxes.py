@@ -382,3 +382,26 @@ endpoints = [
     list_snapshots,
     delete_snapshot,
 ]
+
+#: what each operation can answer beyond the statuses every tenant endpoint has: 409 for a
+#: paused or stopped sandbox (or a snapshot in use), 400/413 for paths and file sizes
+_ERRORS: dict[str, tuple[int, ...]] = {
+    "create_sandbox": (404, 409, 429),
+    "pause_sandbox": (409,),
+    "resume_sandbox": (409,),
+    "set_timeout": (409,),
+    "exec_command": (409,),
+    "read_file": (400, 409, 413),
+    "write_file": (400, 409, 413),
+    "stat_file": (400, 409),
+    "list_files": (400, 409),
+    "make_dir": (400, 409),
+    "remove_file": (400, 409),
+    "move_file": (400, 409),
+    "snapshot_sandbox": (409,),
+    "fork_sandbox": (409, 429),
+    "delete_snapshot": (409,),
+}
+for _endpoint in endpoints:
+    _extra = _ERRORS.get(_endpoint.handler.__name__, ())
+    _endpoint.errors = tuple(sorted({*_endpoint.errors, *_extra}))

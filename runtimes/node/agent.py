@@ -153,6 +153,8 @@ class NodeAgent:
         warm: dict[str, int] = {}
         for backend in self.backends.values():
             warm.update(backend.inventory())
+        if self.sandboxes is not None:
+            warm.update(self.sandboxes.warm_inventory())
         return NodeReport(
             node_id=self.node_id,
             incarnation=self.incarnation,

@@ -87,6 +87,12 @@ class NodeSettings(BaseSettings):
         description="Stateful sandbox backends this node offers, e.g. '[\"crun\"]' (none: "
         "the node runs FnCall work only).",
     )
+    sandbox_warm: dict[str, int] = Field(
+        default_factory=dict,
+        description="Warm sandboxes kept paused per image, at least, e.g. '{\"python\": 2}' "
+        "(more when creates arrive faster; see runtimes/sandboxes/warm.py).",
+    )
+    sandbox_max_warm: int = Field(64, ge=1, description="Warm sandboxes over all images, at most.")
     sandbox_runtime: str = Field(
         "crun", pattern=r"^(crun|runc)$", description="The OCI runtime of container sandboxes."
     )

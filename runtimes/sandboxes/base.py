@@ -157,6 +157,11 @@ class SandboxBackend(ABC):
         """Make and start the sandbox; on failure nothing of it is left."""
 
     @abstractmethod
+    async def claim(self, warm_id: str, spec: SandboxSpec) -> None:
+        """Make the paused warm sandbox ``warm_id`` (created from the same image) the
+        sandbox ``spec`` asks for: its id, limits, disk and env; then let it run."""
+
+    @abstractmethod
     async def destroy(self, sandbox_id: str) -> None:
         """Kill every process of the sandbox and release its mounts, cgroups and files.
         Succeeds when the sandbox is already gone."""

@@ -135,6 +135,11 @@ class FakeSandboxBackend(SandboxBackend):
                 parent = posixpath.dirname(parent)
         return Phases(setup_ms=0.1, start_ms=0.1)
 
+    async def claim(self, warm_id: str, spec: SandboxSpec) -> None:
+        sandbox = self.sandboxes.pop(warm_id)
+        sandbox.spec, sandbox.paused = spec, False
+        self.sandboxes[spec.sandbox_id] = sandbox
+
     async def destroy(self, sandbox_id: str) -> None:
         self.sandboxes.pop(sandbox_id, None)
 

@@ -30,6 +30,7 @@ from runtimes.sandboxes.base import (
     SnapshotInUse,
     SnapshotNotFound,
 )
+from runtimes.sandboxes.warm import WarmFactory, WarmPool
 from wire.sandboxes import (
     ExecRequest,
     Phases,
@@ -62,6 +63,8 @@ class SandboxManager:
         *,
         state_dir: Path,
         clock: Callable[[], float] = time.time,
+        warm: dict[str, int] | None = None,
+        max_warm: int = 64,
     ) -> None:
         self.backends = backends
         self._resolve_image = resolve_image
@@ -70,6 +73,9 @@ class SandboxManager:
         self._entries: dict[str, _Entry] = {}
         self._snapshots_dir = state_dir / "snapshots"
         self._reaper: asyncio.Task[None] | None = None
+        self._warm_wanted = dict(warm or {})  #: image ref -> warm sandboxes at least
+        self._max_warm = max_warm
+        self._warm: WarmPool | None = None
 
     # --- start and stop -------------------------------------------------------------------
     async def start(self) -> None:
@@ -92,9 +98,19 @@ class SandboxManager:
                 with contextlib.suppress(SandboxError):
                     await backend.destroy(orphan)
         self._reaper = asyncio.create_task(self._reap_loop(), name="sandbox-reaper")
+        if self._warm_wanted:
+            targets = {}
+            for ref, count in self._warm_wanted.items():
+                image = await asyncio.to_thread(self._resolve_image, ref)
+                for name in self.backends:
+                    targets[WarmFactory.key(name, image.digest)] = (name, image, count)
+            self._warm = WarmPool(self.backends, targets, max_warm=self._max_warm)
+            await self._warm.start()
 
     async def close(self) -> None:
         """Stop the reaper; sandboxes keep running (a restarted node adopts them)."""
+        if self._warm is not None:
+            await self._warm.close()  # destroys the warm sandboxes no one claimed
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -138,7 +154,7 @@ class SandboxManager:
         async with entry.lock:
             self._save(entry)
             try:
-                phases = await backend.create(spec, image)
+                phases = await self._make(backend, spec, image)
             except BaseException:
                 self._entries.pop(spec.sandbox_id, None)
                 self._forget(spec.sandbox_id)
@@ -156,6 +172,28 @@ class SandboxManager:
             image_ms + phases.setup_ms + phases.start_ms,
         )
         return status
+
+    async def _make(self, backend: SandboxBackend, spec: SandboxSpec, image: RootImage) -> Phases:
+        """A claim of a warm sandbox of the image when the pool has one for it (the
+        ``setup`` phase is the take, ``start`` the claim), else a cold create."""
+        key = None
+        if self._warm is not None and spec.snapshot_id is None:
+            key = self._warm.offers(spec.backend, image.digest)
+        if key is None:
+            return await backend.create(spec, image)
+        began = time.monotonic()
+        assert self._warm is not None
+        warm = await self._warm.take(key, context=f"sandbox={spec.sandbox_id}")
+        taken = time.monotonic()
+        try:
+            await backend.claim(warm.id, spec)
+        except BaseException:
+            await asyncio.shield(backend.destroy(warm.id))
+            raise
+        return Phases(setup_ms=(taken - began) * 1000, start_ms=(time.monotonic() - taken) * 1000)
+
+    def warm_inventory(self) -> dict[str, int]:
+        return self._warm.inventory() if self._warm is not None else {}
 
     async def destroy(self, sandbox_id: str, *, reason: str = "destroyed") -> SandboxStatus:
         entry = self._get(sandbox_id)

@@ -36,8 +36,15 @@ def build_manager(
     settings: NodeSettings, *, resolve_image: Callable[[str], RootImage] | None = None
 ) -> SandboxManager:
     backends = {name: create_backend(name, settings) for name in settings.sandbox_backends}
+    if settings.dev_mode:  # tests: {"sandbox_aliases": {"crun": "fake"}} offers fake as crun
+        for alias, real in dict(settings.fake.get("sandbox_aliases", {})).items():
+            backends[str(alias)] = backends[str(real)]
     if resolve_image is None:
         resolve_image = image_store_resolver(settings.resolved_images_dir)
     return SandboxManager(
-        backends, resolve_image, state_dir=settings.data_dir.resolve() / "sandboxes" / ".records"
+        backends,
+        resolve_image,
+        state_dir=settings.data_dir.resolve() / "sandboxes" / ".records",
+        warm=settings.sandbox_warm,
+        max_warm=settings.sandbox_max_warm,
     )

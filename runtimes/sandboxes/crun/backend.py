@@ -89,7 +89,10 @@ class CrunBackend(SandboxBackend):
         if self.runtime == "crun":
             ensure_hugetlb_mount(self.cgroup_root)
         listed = await self._runtime_json("list", "--format", "json")
-        return [entry["id"] for entry in listed or []]
+        aliases = {
+            os.readlink(link): link.name for link in self.root.iterdir() if link.is_symlink()
+        }
+        return [aliases.get(entry["id"], entry["id"]) for entry in listed or []]
 
     async def close(self) -> None:
         for processes in self._processes.values():
@@ -98,10 +101,19 @@ class CrunBackend(SandboxBackend):
         self._processes.clear()
 
     # --- lifecycle ----------------------------------------------------------------------
-    def _dir(self, sandbox_id: str) -> Path:
+    def _cid(self, sandbox_id: str) -> str:
+        """The runtime's container id of a sandbox: its own id, or, for a sandbox claimed
+        from the warm pool, the pool container's (``<root>/<sandbox id>`` is then a
+        symlink to that container's directory)."""
         if not sandbox_id.replace("-", "").replace("_", "").isalnum():
             raise SandboxNotFound(f"no sandbox {sandbox_id!r}")
-        return self.root / sandbox_id
+        alias = self.root / sandbox_id
+        if alias.is_symlink():
+            return os.readlink(alias)
+        return sandbox_id
+
+    def _dir(self, sandbox_id: str) -> Path:
+        return self.root / self._cid(sandbox_id)
 
     async def create(self, spec: SandboxSpec, image: RootImage) -> Phases:
         started = time.monotonic()
@@ -143,16 +155,58 @@ class CrunBackend(SandboxBackend):
         meta = {"digest": image.digest, "env": {**dict(image.env), **spec.env}}
         (directory / "sandbox.json").write_text(json.dumps(meta))
 
+    async def claim(self, warm_id: str, spec: SandboxSpec) -> None:
+        directory = self.root / warm_id
+        if not (directory / "config.json").exists():
+            raise SandboxNotFound(f"no warm sandbox {warm_id}")
+        await asyncio.to_thread(self._reshape, warm_id, directory, spec)
+        (self.root / spec.sandbox_id).symlink_to(warm_id)
+        try:
+            await self._runtime("resume", warm_id)
+        except BaseException:
+            (self.root / spec.sandbox_id).unlink(missing_ok=True)
+            raise
+
+    def _reshape(self, cid: str, directory: Path, spec: SandboxSpec) -> None:
+        """The warm sandbox's limits, disk size and env become the spec's."""
+        memory = spec.memory_mb << 20
+        group = self.cgroup_root / "memory" / CGROUP_PARENT / cid
+        current = int((group / "memory.limit_in_bytes").read_text())
+        order = ["memory.memsw.limit_in_bytes", "memory.limit_in_bytes"]
+        if memory < current:
+            order.reverse()  # the memory limit must stay at or below memory+swap
+        for name in order:
+            if (group / name).exists():
+                (group / name).write_text(str(memory))
+        pids = self.cgroup_root / "pids" / CGROUP_PARENT / cid / "pids.max"
+        pids.write_text(str(spec.pids))
+        quota = self.cgroup_root / "cpu" / CGROUP_PARENT / cid / "cpu.cfs_quota_us"
+        if quota.exists():
+            quota.write_text(str(int(spec.cpu * bundle.PERIOD_US)))
+        mounts.mount(
+            "corral-layer",
+            directory / "layer",
+            "tmpfs",
+            f"size={spec.disk_mb}m",
+            mounts.MS_REMOUNT | mounts.MS_NOSUID | mounts.MS_NODEV,
+        )
+        meta = json.loads((directory / "sandbox.json").read_text())
+        meta["env"] = {**meta.get("env", {}), **spec.env}
+        (directory / "sandbox.json").write_text(json.dumps(meta))
+
     async def destroy(self, sandbox_id: str) -> None:
-        directory = self._dir(sandbox_id)
+        cid = self._cid(sandbox_id)
+        directory = self.root / cid
         self._meta.pop(sandbox_id, None)
         for key in [k for k in self._accounts if k[0] == sandbox_id]:
             del self._accounts[key]
         for process in list(self._processes.pop(sandbox_id, ())):
             await process.kill()
         with contextlib.suppress(RuntimeCommandError):
-            await self._runtime("delete", "--force", sandbox_id)
+            await self._runtime("delete", "--force", cid)
         await asyncio.to_thread(self._release, directory)
+        if cid != sandbox_id:
+            (self.root / sandbox_id).unlink(missing_ok=True)
 
     def _release(self, directory: Path) -> None:
         for mount_point in (directory / "rootfs", directory / "layer"):
@@ -161,18 +215,18 @@ class CrunBackend(SandboxBackend):
 
     async def pause(self, sandbox_id: str) -> None:
         await self._require(sandbox_id)
-        await self._runtime("pause", sandbox_id)
+        await self._runtime("pause", self._cid(sandbox_id))
 
     async def resume(self, sandbox_id: str) -> None:
         await self._require(sandbox_id)
-        await self._runtime("resume", sandbox_id)
+        await self._runtime("resume", self._cid(sandbox_id))
 
     async def _require(self, sandbox_id: str) -> str:
         """The runtime's status of the sandbox ("running", "paused", ...)."""
         if not (self._dir(sandbox_id) / "config.json").exists():
             raise SandboxNotFound(f"no sandbox {sandbox_id}")
         try:
-            state = await self._runtime_json("state", sandbox_id)
+            state = await self._runtime_json("state", self._cid(sandbox_id))
         except RuntimeCommandError as exc:
             raise SandboxNotRunning(f"sandbox {sandbox_id} is not running: {exc}") from exc
         return str(state.get("status", "unknown")) if isinstance(state, dict) else "unknown"
@@ -247,7 +301,7 @@ class CrunBackend(SandboxBackend):
                 str(process_file),
                 "--pid-file",
                 str(pid_file),
-                sandbox_id,
+                self._cid(sandbox_id),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
@@ -355,7 +409,7 @@ class CrunBackend(SandboxBackend):
         staging = target.with_name(target.name + ".partial")
         frozen = (self._cgroup("freezer", sandbox_id) / "freezer.state").read_text().strip()
         if frozen == "THAWED":
-            await self._runtime("pause", sandbox_id)
+            await self._runtime("pause", self._cid(sandbox_id))
         try:
             await asyncio.to_thread(staging.parent.mkdir, parents=True, exist_ok=True)
             # cp -a keeps overlayfs's whiteouts (0/0 devices) and opaque-dir xattrs
@@ -374,7 +428,7 @@ class CrunBackend(SandboxBackend):
                 raise SandboxError(f"snapshot of {sandbox_id} failed: {err.decode()[:200]}")
         finally:
             if frozen == "THAWED":
-                await self._runtime("resume", sandbox_id)
+                await self._runtime("resume", self._cid(sandbox_id))
         await asyncio.to_thread(staging.rename, target)
         size = await asyncio.to_thread(_tree_size, target)
         log.info("sandbox=%s: snapshot %s, %d bytes", sandbox_id, snapshot_id, size)
@@ -391,7 +445,7 @@ class CrunBackend(SandboxBackend):
 
     # --- the runtime's command line -------------------------------------------------------
     def _cgroup(self, controller: str, sandbox_id: str) -> Path:
-        return self.cgroup_root / controller / CGROUP_PARENT / sandbox_id
+        return self.cgroup_root / controller / CGROUP_PARENT / self._cid(sandbox_id)
 
     def _bin(self) -> str:
         if self._binary is None:

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 _libc = ctypes.CDLL(None, use_errno=True)
-MS_NOSUID, MS_NODEV = 0x2, 0x4
+MS_NOSUID, MS_NODEV, MS_REMOUNT = 0x2, 0x4, 0x20
 MNT_DETACH = 0x2
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.app.routes.test_sandboxes import add_busybox
 from tests.conftest import ADMIN, ADMIN_KEY, free_port
 
 pytestmark = pytest.mark.slow
@@ -44,10 +45,18 @@ def _st() -> Path:
 
 
 @pytest.fixture
-def api(live_server: Callable[..., str], stack: dict[str, Any]) -> str:
-    """A server on the fake runtime, with a keyless listener too (as `make run` has it),
-    embedded (SQLite) and cluster-shaped (PostgreSQL, whose text refuses NUL; Redis)."""
-    return live_server(default_tenant="default", keyless_port=free_port(), **stack)
+def api(live_server: Callable[..., str], stack: dict[str, Any], tmp_path: Path) -> str:
+    """A server on the fake runtime and the fake sandbox backend (offered as crun too), with
+    a keyless listener (as `make run` has it), embedded (SQLite) and cluster-shaped
+    (PostgreSQL, whose text refuses NUL; Redis)."""
+    add_busybox(tmp_path / "data" / "images", "python")
+    return live_server(
+        default_tenant="default",
+        keyless_port=free_port(),
+        sandbox_backends=["fake"],
+        fake={"sandbox_aliases": {"crun": "fake"}},
+        **stack,
+    )
 
 
 def _tenant_key(api: str) -> str:

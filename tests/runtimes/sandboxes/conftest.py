@@ -68,7 +68,8 @@ def leftovers(data_dir: Path, sandbox_id: str) -> list[str]:
     """What of a sandbox is still on the host: mounts, cgroups, files."""
     found: list[str] = []
     with open("/proc/self/mountinfo") as f:
-        found += [line.split()[4] for line in f if str(data_dir) in line.split()[4]]
+        mine = str(data_dir / "sandboxes" / sandbox_id)
+        found += [line.split()[4] for line in f if line.split()[4].startswith(mine + "/")]
     for controller in ("memory", "pids", "cpu", "freezer"):
         group = Path("/sys/fs/cgroup") / controller / CGROUP_PARENT / sandbox_id
         if group.exists():

@@ -159,3 +159,48 @@ async def test_snapshots_carry_files_and_deletions_across_a_chain(
             await m.delete_snapshot(sid, tenant_id="ten_test")
         await m.close()
     assert not (tmp_path / "data" / "sandboxes" / ".snapshots" / "snap_one").exists()
+
+
+@pytest.mark.crun
+async def test_a_create_claims_a_warm_paused_sandbox_with_its_own_limits(
+    tmp_path: Path, busybox_image: RootImage
+) -> None:
+    import asyncio
+
+    from tests.runtimes.sandboxes.conftest import cgroup_file
+    from wire.sandboxes import collect
+
+    backend = CrunBackend(tmp_path / "data")
+    m = SandboxManager(
+        {"crun": backend},
+        lambda ref: busybox_image,
+        state_dir=tmp_path / "records",
+        warm={"busybox": 2},
+        max_warm=4,
+    )
+    await m.start()
+    warm_ids: list[str] = []
+    try:
+        for _ in range(100):
+            warm_ids = [p.name for p in (tmp_path / "data" / "sandboxes").glob("warm-*")]
+            if len(warm_ids) >= 2:
+                break
+            await asyncio.sleep(0.05)
+        assert len(warm_ids) >= 2
+        assert cgroup_file("freezer", warm_ids[0], "freezer.state").strip() == "FROZEN"
+        status = await m.create(spec("sbx-claimed", memory_mb=96, pids=48, env={"E": "1"}))
+        assert status.state is SandboxState.RUNNING
+        claimed = (tmp_path / "data" / "sandboxes" / "sbx-claimed").resolve().name
+        assert claimed in warm_ids  # it is one of the warm ones
+        assert cgroup_file("memory", claimed, "memory.limit_in_bytes").strip() == str(96 << 20)
+        assert cgroup_file("pids", claimed, "pids.max").strip() == "48"
+        process = await m.exec("sbx-claimed", ExecRequest(cmd=["sh", "-c", "id -u; echo $E"]))
+        assert (await collect(process.events())).stdout.split() == ["1000", "1"]
+        await m.destroy("sbx-claimed")
+        assert not (tmp_path / "data" / "sandboxes" / "sbx-claimed").exists()
+        assert leftovers(tmp_path / "data", claimed) == []
+    finally:
+        await m.destroy_all("test over")
+        await m.close()
+    left = [p.name for p in (tmp_path / "data" / "sandboxes").glob("warm-*")]
+    assert left == [], "close left warm sandboxes"
