@@ -161,6 +161,29 @@ def new_tenant(client: TestClient) -> Callable[..., dict[str, Any]]:
     return make
 
 
+def release_sandboxes(data_dir: Path) -> list[str]:
+    """Destroy the containers a stopped server's node left (a node leaves its sandboxes
+    running when it stops, for the next one to adopt) and their mounts; their ids."""
+    import shutil
+    import subprocess
+
+    state = data_dir / "sandboxes" / ".state"
+    crun = shutil.which("crun")
+    if not state.is_dir() or crun is None:
+        return []
+    listed = subprocess.run(
+        [crun, "--root", str(state), "list", "-q"], capture_output=True, text=True, check=False
+    ).stdout.split()
+    for container in listed:
+        subprocess.run([crun, "--root", str(state), "delete", "-f", container], check=False)
+    mine = str(data_dir.resolve()) + "/"
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4] for line in f if line.split()[4].startswith(mine)]
+    for point in sorted(points, reverse=True):
+        subprocess.run(["umount", "-l", point], check=False)
+    return listed
+
+
 def keyless_url(port: int) -> str:
     """The base URL of a test server's keyless listener on ``port``."""
     return f"http://127.0.0.1:{port}"
@@ -191,6 +214,7 @@ def live_server(make_settings: Callable[..., Settings]) -> Iterator[Callable[...
     from app.http.listeners import api_config
 
     servers: list[tuple[uvicorn.Server, threading.Thread]] = []
+    data_dirs: list[Path] = []
 
     def start(**overrides: Any) -> str:
         port = free_port()
@@ -201,6 +225,8 @@ def live_server(make_settings: Callable[..., Settings]) -> Iterator[Callable[...
         thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
         thread.start()
         servers.append((server, thread))
+        if settings.node.sandbox_backends:
+            data_dirs.append(settings.data_dir)
         deadline = time.monotonic() + 60
         while not server.started:
             if not thread.is_alive() or time.monotonic() > deadline:
@@ -215,3 +241,5 @@ def live_server(make_settings: Callable[..., Settings]) -> Iterator[Callable[...
             server.should_exit = True
         for _server, thread in servers:
             thread.join(30)
+        left = [found for data_dir in data_dirs for found in release_sandboxes(data_dir)]
+        assert not left, f"the test left sandboxes running: {left}"
