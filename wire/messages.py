@@ -145,6 +145,7 @@ class NodeReport(_Message):
     warm: dict[str, int] = Field(default_factory=dict)  #: pool_key -> idle warm workers
     sandboxes: int = 0  #: live sandboxes it holds
     sandbox_backends: list[str] = Field(default_factory=list)  #: e.g. ["crun"]
+    sandbox_room: int = 0  #: sandboxes it can still take
     started_at: float
     reported_at: float
 

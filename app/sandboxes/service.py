@@ -201,6 +201,10 @@ class Sandboxes:
         ]
         if not nodes:
             raise NoCapacity(f"no node offers {backend} sandboxes now")
+        with_room = [n for n in nodes if n.sandbox_room > 0]
+        if not with_room:
+            raise NoCapacity(f"every node offering {backend} sandboxes is full")
+        nodes = with_room
         choices = random.sample(nodes, min(2, len(nodes)))
         best = min(choices, key=lambda n: (n.sandboxes, -n.memory_free_mb))
         return self._client(best)

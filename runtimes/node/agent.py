@@ -173,6 +173,7 @@ class NodeAgent:
             warm=warm,
             sandboxes=self.sandboxes.live_count() if self.sandboxes is not None else 0,
             sandbox_backends=sorted(self.sandboxes.backends) if self.sandboxes is not None else [],
+            sandbox_room=self.sandboxes.room() if self.sandboxes is not None else 0,
             started_at=self._started_at,
             reported_at=time.time(),
         )

@@ -93,6 +93,16 @@ class NodeSettings(BaseSettings):
         "(more when creates arrive faster; see runtimes/sandboxes/warm.py).",
     )
     sandbox_max_warm: int = Field(64, ge=1, description="Warm sandboxes over all images, at most.")
+    sandbox_max: int = Field(4096, ge=1, description="Sandboxes this node holds at most.")
+    sandbox_create_concurrency: int = Field(
+        8, ge=1, description="Sandbox creates the node runs at once."
+    )
+    sandbox_create_queue: int = Field(
+        256, ge=0, description="Creates that may wait for one of those; more fail at once."
+    )
+    sandbox_create_wait_seconds: float = Field(
+        30.0, gt=0, description="How long a create waits before it fails (503 no_capacity)."
+    )
     sandbox_runtime: str = Field(
         "crun", pattern=r"^(crun|runc)$", description="The OCI runtime of container sandboxes."
     )

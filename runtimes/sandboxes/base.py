@@ -17,6 +17,7 @@ the node's API answers with (the gateway maps it to its own errors):
     ├── SnapshotInUse         409 snapshot_in_use
     ├── FileTooLarge          413 file_too_large
     ├── ImageUnavailable      404 image_not_found
+    ├── NodeFull              503 no_capacity
     └── BackendUnavailable    503 backend_unavailable
 """
 
@@ -75,6 +76,12 @@ class SnapshotNotFound(SandboxError):
 
 class SnapshotInUse(SandboxError):
     status, code = 409, "snapshot_in_use"
+
+
+class NodeFull(SandboxError):
+    """The node holds its most sandboxes, or its create queue is full or too slow."""
+
+    status, code = 503, "no_capacity"
 
 
 class FileTooLarge(SandboxError):

@@ -110,6 +110,7 @@ class FakeSandboxBackend(SandboxBackend):
     def __init__(self) -> None:
         self.sandboxes: dict[str, _Sandbox] = {}
         self.snapshots: dict[str, dict[str, bytes]] = {}
+        self.create_delay_s = 0.0  #: how long a create takes (tests of admission)
         self._pids = 1
 
     async def start(self) -> list[str]:
@@ -125,6 +126,8 @@ class FakeSandboxBackend(SandboxBackend):
             raise SandboxNotFound(f"no sandbox {sandbox_id}") from None
 
     async def create(self, spec: SandboxSpec, image: RootImage) -> Phases:
+        if self.create_delay_s:
+            await asyncio.sleep(self.create_delay_s)
         sandbox = self.sandboxes[spec.sandbox_id] = _Sandbox(spec)
         for layer in reversed(image.layers):
             sandbox.files.update(self.snapshots[layer.name])

@@ -16,11 +16,12 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from runtimes.sandboxes.base import (
+    NodeFull,
     Process,
     RootImage,
     SandboxBackend,
@@ -47,6 +48,18 @@ REAP_EVERY_S = 1.0
 STOPPED_KEPT_S = 600.0
 
 
+@dataclass(frozen=True)
+class CreateLimits:
+    """How many sandboxes a node holds, and how a burst of creates is admitted: at most
+    ``concurrency`` are made at once, at most ``queue`` more wait, each at most
+    ``wait_s``; beyond that a create fails at once with ``NodeFull`` (503 no_capacity)."""
+
+    max_sandboxes: int = 4096
+    concurrency: int = 8
+    queue: int = 256
+    wait_s: float = 30.0
+
+
 @dataclass
 class _Entry:
     spec: SandboxSpec
@@ -65,6 +78,7 @@ class SandboxManager:
         clock: Callable[[], float] = time.time,
         warm: dict[str, int] | None = None,
         max_warm: int = 64,
+        limits: CreateLimits | None = None,
     ) -> None:
         self.backends = backends
         self._resolve_image = resolve_image
@@ -76,6 +90,9 @@ class SandboxManager:
         self._warm_wanted = dict(warm or {})  #: image ref -> warm sandboxes at least
         self._max_warm = max_warm
         self._warm: WarmPool | None = None
+        self.limits = limits or CreateLimits()
+        self._create_slots = asyncio.Semaphore(self.limits.concurrency)
+        self._queued = 0
 
     # --- start and stop -------------------------------------------------------------------
     async def start(self) -> None:
@@ -127,6 +144,33 @@ class SandboxManager:
     async def create(self, spec: SandboxSpec) -> SandboxStatus:
         if spec.sandbox_id in self._entries:
             return self._entries[spec.sandbox_id].status  # a retried create
+        async with self._admitted():
+            return await self._create(spec)
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self) -> AsyncIterator[None]:
+        """A place among the creates running now, after a bounded wait in a bounded queue."""
+        if self.live_count() >= self.limits.max_sandboxes:
+            raise NodeFull(f"this node holds its most sandboxes ({self.limits.max_sandboxes})")
+        if self._queued >= self.limits.queue:
+            raise NodeFull(f"{self._queued} creates already wait on this node")
+        self._queued += 1
+        try:
+            await asyncio.wait_for(self._create_slots.acquire(), self.limits.wait_s)
+        except TimeoutError:
+            raise NodeFull(f"no create slot on this node within {self.limits.wait_s:g} s") from None
+        finally:
+            self._queued -= 1
+        try:
+            yield
+        finally:
+            self._create_slots.release()
+
+    def room(self) -> int:
+        """Sandboxes this node can still take (for its report)."""
+        return max(0, self.limits.max_sandboxes - self.live_count())
+
+    async def _create(self, spec: SandboxSpec) -> SandboxStatus:
         backend = self.backends.get(spec.backend)
         if backend is None:
             raise SandboxError(f"this node has no {spec.backend!r} sandbox backend")

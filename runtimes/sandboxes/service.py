@@ -7,7 +7,7 @@ from pathlib import Path
 
 from runtimes.node.settings import NodeSettings
 from runtimes.sandboxes.base import ImageUnavailable, RootImage, create_backend
-from runtimes.sandboxes.manager import SandboxManager
+from runtimes.sandboxes.manager import CreateLimits, SandboxManager
 
 
 def image_store_resolver(images_dir: Path) -> Callable[[str], RootImage]:
@@ -47,4 +47,10 @@ def build_manager(
         state_dir=settings.data_dir.resolve() / "sandboxes" / ".records",
         warm=settings.sandbox_warm,
         max_warm=settings.sandbox_max_warm,
+        limits=CreateLimits(
+            max_sandboxes=settings.sandbox_max,
+            concurrency=settings.sandbox_create_concurrency,
+            queue=settings.sandbox_create_queue,
+            wait_s=settings.sandbox_create_wait_seconds,
+        ),
     )

@@ -204,3 +204,40 @@ async def test_a_create_claims_a_warm_paused_sandbox_with_its_own_limits(
         await m.close()
     left = [p.name for p in (tmp_path / "data" / "sandboxes").glob("warm-*")]
     assert left == [], "close left warm sandboxes"
+
+
+async def test_a_burst_beyond_capacity_waits_in_a_bounded_queue_then_fails_clearly(
+    tmp_path: Path,
+) -> None:
+    import asyncio
+
+    from runtimes.sandboxes.base import NodeFull
+    from runtimes.sandboxes.manager import CreateLimits
+
+    backend = FakeSandboxBackend()
+    backend.create_delay_s = 0.3
+    m = SandboxManager(
+        {"fake": backend},
+        lambda ref: IMAGE,
+        state_dir=tmp_path / "records",
+        limits=CreateLimits(max_sandboxes=3, concurrency=1, queue=1, wait_s=0.45),
+    )
+    await m.start()
+    try:
+        started = asyncio.get_running_loop().time()
+        outcomes = await asyncio.gather(
+            *(m.create(spec(f"s-{i}", backend="fake")) for i in range(4)), return_exceptions=True
+        )
+        took = asyncio.get_running_loop().time() - started
+        made = [o for o in outcomes if not isinstance(o, BaseException)]
+        refused = [o for o in outcomes if isinstance(o, NodeFull)]
+        # one runs, one waits its turn (0.3 s < 0.45 s), the rest find the queue full
+        assert len(made) == 2 and len(refused) == 2, outcomes
+        assert any("wait" in str(r) for r in refused)
+        assert took < 2.0  # nothing hangs
+        await m.create(spec("s-5", backend="fake"))
+        with pytest.raises(NodeFull, match="most sandboxes"):
+            await m.create(spec("s-6", backend="fake"))
+        assert m.room() == 0
+    finally:
+        await m.close()
