@@ -1,6 +1,7 @@
 """The gateway's copy of what the live nodes reported (``wire.messages.NodeReport``).
 
-Read from the transport at most every ``refresh_s``. A report counts the node's running
+Read from the transport at most every ``refresh_s`` (every time while it is empty, so
+the first node's report is seen at once). A report counts the node's running
 executions and the Jobs waiting on its stream; the gateway subtracts what it placed on
 the node after the report was made, so a burst does not pile onto the node that looked
 emptiest in a report that predates it.
@@ -39,7 +40,8 @@ class Catalogue:
 
     async def nodes(self) -> list[NodeReport]:
         now = self._clock()
-        if now - self._read_at >= self._refresh_s:
+        # an empty copy is never trusted: "no node" must not outlive the first report
+        if not self._nodes or now - self._read_at >= self._refresh_s:
             self._nodes = await self._transport.catalogue()
             runtimes = sorted({rt for node in self._nodes for rt in node.runtimes})
             self._backlog = await self._transport.backlog(runtimes) if runtimes else {}

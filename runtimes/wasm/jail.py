@@ -91,7 +91,14 @@ def argv(config: WasmConfig, cgroups: CgroupSetup, *, entry: str, limits: JailLi
 
 
 def _mounts(limits: JailLimits) -> list[str]:
+    """The jail's tmpfs first, then the read-only binds: a bind under /tmp (a checkout or
+    virtualenv there) is made inside the tmpfs instead of being hidden by it."""
     args: list[str] = []
+    tmpfs = [("/tmp", limits.tmp_mb)]
+    if limits.run_mb is not None:
+        tmpfs.append((RUN_DIR, limits.run_mb))
+    for mount_point, size_mb in tmpfs:
+        args += ["--mount", f"none:{mount_point}:tmpfs:size={size_mb * MIB},mode=1777"]
     for path in SYSTEM_DIRS:
         if os.path.islink(path):
             args += ["--symlink", f"{os.readlink(path)}:{path}"]
@@ -102,9 +109,4 @@ def _mounts(limits: JailLimits) -> list[str]:
             args += ["--bindmount_ro", path]
     for package in PROJECT_PACKAGES:
         args += ["--bindmount_ro", str(PROJECT_ROOT / package)]
-    tmpfs = [("/tmp", limits.tmp_mb)]
-    if limits.run_mb is not None:
-        tmpfs.append((RUN_DIR, limits.run_mb))
-    for mount_point, size_mb in tmpfs:
-        args += ["--mount", f"none:{mount_point}:tmpfs:size={size_mb * MIB},mode=1777"]
     return args

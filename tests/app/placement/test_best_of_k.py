@@ -91,3 +91,13 @@ async def test_typed_refusals() -> None:
     with pytest.raises(UnsupportedRuntime, match="no node runs language 'cobol'") as refused:
         await (await placer(node("n1"))).place("cobol", "t")
     assert refused.value.status == 400 and "bash, python, wasm-python" in refused.value.message
+
+
+async def test_an_empty_catalogue_is_read_again_so_the_first_node_counts_at_once() -> None:
+    transport = InProcessTransport(dead_after_s=60)
+    catalogue = Catalogue(transport, refresh_s=60)
+    assert await catalogue.nodes() == []  # read before any node reported (a reconciler pass)
+    await transport.announce(node("n1"))
+    assert [n.node_id for n in await catalogue.nodes()] == ["n1"]  # not the cached emptiness
+    await transport.announce(node("n2"))
+    assert [n.node_id for n in await catalogue.nodes()] == ["n1"]  # a filled copy is cached
