@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -53,6 +54,7 @@ class Api:
             timeout=120,
             limits=httpx.Limits(max_connections=256),
         )
+        self.timings: list[dict[str, float]] = []  #: each create's record phases
 
     async def create(self, **body: Any) -> str:
         for _ in range(600):
@@ -61,7 +63,9 @@ class Api:
                 break
             await asyncio.sleep(0.1)
         response.raise_for_status()
-        return str(response.json()["id"])
+        body = response.json()
+        self.timings.append(body["timings"])
+        return str(body["id"])
 
     async def exec(self, sandbox_id: str, cmd: list[str]) -> dict[str, Any]:
         response = await self.http.post(f"/v1/sandboxes/{sandbox_id}/exec", json={"cmd": cmd})
@@ -75,16 +79,35 @@ class Api:
         (await self.http.delete(f"/v1/sandboxes/{sandbox_id}")).raise_for_status()
 
 
-async def create_to_first_exec(api: Api, n: int) -> dict[str, Any]:
+def phases(api: Api, created: list[float], first_exec: list[float]) -> dict[str, float]:
+    """Medians: the create's round trip, its record's phases, then its first exec."""
+    recent = api.timings[-len(created) :]
+    out = {"create_answered_ms": statistics.median(created)}
+    for name in ("queue_ms", "image_ms", "setup_ms", "start_ms"):
+        out[name] = statistics.median(t[name] or 0.0 for t in recent)
+    out["first_exec_ms"] = statistics.median(first_exec)
+    return {k: round(v, 1) for k, v in out.items()}
+
+
+async def create_to_first_exec(api: Api, n: int, pause_s: float = 0.0) -> dict[str, Any]:
     samples: list[float] = []
-    started = time.perf_counter()
+    created: list[float] = []
+    first_exec: list[float] = []
     for _ in range(n):
         t0 = time.perf_counter()
         sandbox_id = await api.create(memory_mb=256)
+        t1 = time.perf_counter()
         await api.exec(sandbox_id, ["true"])
-        samples.append((time.perf_counter() - t0) * 1000)
+        t2 = time.perf_counter()
+        samples.append((t2 - t0) * 1000)
+        created.append((t1 - t0) * 1000)
+        first_exec.append((t2 - t1) * 1000)
         await api.destroy(sandbox_id)
-    return latency_summary(samples, wall_s=time.perf_counter() - started, errors=0)
+        if pause_s:
+            await asyncio.sleep(pause_s)  # a trainer's pace: a pool refills between creates
+    out = latency_summary(samples, wall_s=sum(samples) / 1000, errors=0)
+    out["phases"] = phases(api, created, first_exec)
+    return out
 
 
 async def exec_latency(api: Api, n: int) -> dict[str, Any]:
@@ -261,16 +284,8 @@ def main() -> None:
     async def pool_suite(url: str, key: str) -> None:
         api = Api(url, key)
         await asyncio.sleep(3)  # the pool warms up
-        samples: list[float] = []
-        for _ in range(args.creates):
-            t0 = time.perf_counter()
-            sandbox_id = await api.create(memory_mb=256)
-            await api.exec(sandbox_id, ["true"])
-            samples.append((time.perf_counter() - t0) * 1000)
-            await api.destroy(sandbox_id)
-            await asyncio.sleep(0.3)  # a trainer's pace: the pool refills between creates
-        result["create_to_first_exec_pool"] = latency_summary(
-            samples, wall_s=sum(samples) / 1000, errors=0
+        result["create_to_first_exec_pool"] = await create_to_first_exec(
+            api, args.creates, pause_s=0.3
         )
         result[f"creates_at_concurrency_{args.concurrency}_pool"] = await creates_per_second(
             api, args.creates * 2, args.concurrency

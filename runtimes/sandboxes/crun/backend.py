@@ -162,10 +162,18 @@ class CrunBackend(SandboxBackend):
         await asyncio.to_thread(self._reshape, warm_id, directory, spec)
         (self.root / spec.sandbox_id).symlink_to(warm_id)
         try:
-            await self._runtime("resume", warm_id)
+            await asyncio.to_thread(self._thaw, warm_id)
         except BaseException:
             (self.root / spec.sandbox_id).unlink(missing_ok=True)
             raise
+
+    def _thaw(self, cid: str) -> None:
+        """Thaw through the v1 freezer directly (what ``crun resume`` writes, without a
+        process start on the claim's path); the runtime's command elsewhere."""
+        state = self.cgroup_root / "freezer" / CGROUP_PARENT / cid / "freezer.state"
+        if not state.exists():
+            raise SandboxNotRunning(f"warm sandbox {cid} has no freezer group")
+        state.write_text("THAWED")
 
     def _reshape(self, cid: str, directory: Path, spec: SandboxSpec) -> None:
         """The warm sandbox's limits, disk size and env become the spec's."""
