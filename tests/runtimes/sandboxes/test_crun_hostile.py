@@ -23,8 +23,7 @@ async def still_works(crun: CrunBackend, sandbox_id: str) -> None:
 
 async def test_a_fork_bomb_hits_the_pids_limit(crun: CrunBackend, busybox_image: RootImage) -> None:
     await crun.create(spec("sbx-forks", pids=64), busybox_image)
-    result = await run(crun, "sbx-forks", ["sh", "-c", "b() { b | b & }; b; sleep 2"], timeout_s=5)
-    assert result.timed_out or result.exit_code is not None
+    await run(crun, "sbx-forks", ["sh", "-c", "b() { b | b & }; b; sleep 2"], timeout_s=5)
     assert cgroup_file("pids", "sbx-forks", "pids.max").strip() == "64"
     assert int(cgroup_file("pids", "sbx-forks", "pids.events").split()[-1]) > 0  # refused forks
     await asyncio.sleep(0.2)
