@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 WARM_MEMORY_MB = 512
 WARM_DISK_MB = 1024
 WARM_TTL_S = 10 * 365 * 86400.0  #: the pool, not a TTL, ends a warm sandbox
+REFILL_DELAY_S = 1.0
 
 
 @dataclass(eq=False)
@@ -104,7 +105,9 @@ class WarmPool:
                 start_timeout_s=60.0,
                 acquire_timeout_s=30.0,
                 idle_timeout_s=300.0,
-                refill_delay_s=0.0,
+                # a claimed sandbox's replacement starts a moment later, not on the same
+                # cores at the same time as the claimed sandbox's first commands
+                refill_delay_s=REFILL_DELAY_S,
             ),
             name="sandboxes",
         )
