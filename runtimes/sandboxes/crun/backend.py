@@ -88,11 +88,10 @@ class CrunBackend(SandboxBackend):
             )
         if self.runtime == "crun":
             ensure_hugetlb_mount(self.cgroup_root)
-        listed = await self._runtime_json("list", "--format", "json")
         aliases = {
             os.readlink(link): link.name for link in self.root.iterdir() if link.is_symlink()
         }
-        return [aliases.get(entry["id"], entry["id"]) for entry in listed or []]
+        return [aliases.get(cid, cid) for cid in sorted(await self._listed())]
 
     async def close(self) -> None:
         for processes in self._processes.values():
@@ -210,11 +209,25 @@ class CrunBackend(SandboxBackend):
             del self._accounts[key]
         for process in list(self._processes.pop(sandbox_id, ())):
             await process.kill()
-        with contextlib.suppress(RuntimeCommandError):
+        try:
             await self._runtime("delete", "--force", cid)
+        except RuntimeCommandError as exc:
+            # "no such container" is a sandbox already gone (or never started); one the
+            # runtime still lists keeps its mounts and files, and the caller is told
+            try:
+                still_there = cid in await self._listed()
+            except RuntimeCommandError:
+                still_there = True  # the runtime cannot say: keep everything
+            if still_there:
+                raise SandboxError(f"sandbox {sandbox_id} could not be deleted: {exc}") from exc
         await asyncio.to_thread(self._release, directory)
         if cid != sandbox_id:
             (self.root / sandbox_id).unlink(missing_ok=True)
+
+    async def _listed(self) -> set[str]:
+        """The container ids the runtime lists."""
+        listed = await self._runtime_json("list", "--format", "json")
+        return {str(entry["id"]) for entry in listed or []}
 
     def _release(self, directory: Path) -> None:
         for mount_point in (directory / "rootfs", directory / "layer"):

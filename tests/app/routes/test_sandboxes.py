@@ -27,16 +27,6 @@ def add_busybox(images_dir: Path, name: str = "busybox") -> str:
         return store.add(rootfs, ImageMeta(name=name, source="import", user="user")).digest
 
 
-def wait_for_node(client: TestClient, headers: dict[str, str]) -> None:
-    """Until the embedded node's first report (with its sandbox API) is in the catalogue."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        nodes = client.get("/v1/runtimes", headers=headers).json()
-        if nodes:
-            return
-        time.sleep(0.05)
-
-
 @pytest.fixture
 def sandbox_client(
     make_settings: Callable[..., Settings], stack: dict[str, Any], tmp_path: Path

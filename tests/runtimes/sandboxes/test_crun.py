@@ -12,6 +12,7 @@ import pytest
 from runtimes.sandboxes.base import (
     PathNotFound,
     RootImage,
+    SandboxError,
     SandboxNotRunning,
     SandboxPathError,
 )
@@ -176,3 +177,19 @@ async def test_a_fifo_planted_where_a_file_is_read_does_not_stall_the_node(
         await asyncio.wait_for(crun.read_file("sbx-fifo", "/tmp/fifo", max_bytes=100), 5)
     with pytest.raises(SandboxPathError):
         await asyncio.wait_for(crun.write_file("sbx-fifo", "/tmp/fifo", b"x", user="user"), 5)
+
+
+async def test_a_sandbox_the_runtime_cannot_delete_keeps_its_mounts_and_says_so(
+    crun: CrunBackend, busybox_image: RootImage, tmp_path: Path
+) -> None:
+    await crun.create(spec("sbx-stuck"), busybox_image)
+    real = crun._bin()
+    crun._binary = "/bin/false"  # every runtime command fails, as a wedged runtime would
+    try:
+        with pytest.raises(SandboxError, match="could not be deleted"):
+            await crun.destroy("sbx-stuck")
+    finally:
+        crun._binary = real
+    assert leftovers(tmp_path / "data", "sbx-stuck")  # not unmounted under a live container
+    await crun.destroy("sbx-stuck")
+    assert leftovers(tmp_path / "data", "sbx-stuck") == []
