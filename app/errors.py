@@ -160,6 +160,10 @@ class InvalidPath(BadRequest):
     code, default_message = "invalid_path", "the path cannot be used in the sandbox"
 
 
+class InvalidNetwork(BadRequest):
+    code, default_message = "invalid_network", "the sandbox's network allow list cannot be used"
+
+
 class MethodNotAllowed(CorralError):
     status, code, default_message = 405, "method_not_allowed", "method not allowed"
 
@@ -226,6 +230,10 @@ class DispatchUnavailable(Unavailable):
 
 class NodeUnavailable(Unavailable):
     code, default_message = "node_unavailable", "the node that holds the sandbox cannot be reached"
+
+
+class BackendUnavailable(Unavailable):
+    code, default_message = "backend_unavailable", "the node cannot give this sandbox what it asks"
 
 
 class NoCapacity(Unavailable):

@@ -11,7 +11,7 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 
-scripts/apt-ensure setup-sandboxes crun runc gcc libc6-dev
+scripts/apt-ensure setup-sandboxes crun runc gcc libc6-dev nftables iproute2 util-linux
 
 src=deploy/sandbox/corral-init.c
 bin=deploy/sandbox/bin/corral-init

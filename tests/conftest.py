@@ -243,3 +243,62 @@ def live_server(make_settings: Callable[..., Settings]) -> Iterator[Callable[...
             thread.join(30)
         left = [found for data_dir in data_dirs for found in release_sandboxes(data_dir)]
         assert not left, f"the test left sandboxes running: {left}"
+
+
+_OUTSIDE_SERVER = """
+import socket, threading
+def serve(port):
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", port)); s.listen(64)
+    while True:
+        c, addr = s.accept(); c.sendall(f"hello-{port} from-{addr[0]}\\n".encode()); c.close()
+for p in (8080, 8081):
+    threading.Thread(target=serve, args=(p,), daemon=True).start()
+print("ready", flush=True)
+threading.Event().wait()
+"""
+
+
+@pytest.fixture(scope="module")
+def outside() -> Iterator[str]:
+    """A host beyond this one, as a server on another machine would be: a network
+    namespace of its own behind a veth (10.214.0.1 here, 10.214.0.2 there), serving
+    "hello-<port> from-<peer address>" on TCP 8080 and 8081. Its address."""
+    import subprocess
+    import sys
+
+    namespace, link = "corral-test-outside", "ctout0"
+
+    def sh(*args: str, check: bool = True) -> None:
+        subprocess.run(args, capture_output=True, check=check)
+
+    sh("ip", "netns", "del", namespace, check=False)
+    sh("ip", "link", "del", link, check=False)
+    sh("ip", "netns", "add", namespace)
+    server = None
+    try:
+        sh("ip", "link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", namespace)
+        sh("ip", "addr", "add", "10.214.0.1/30", "dev", link)
+        sh("ip", "link", "set", link, "up")
+        for command in (
+            "addr add 10.214.0.2/30 dev eth0",
+            "link set eth0 up",
+            "link set lo up",
+            "route add default via 10.214.0.1",
+        ):
+            sh("ip", "-n", namespace, *command.split())
+        server = subprocess.Popen(
+            ["ip", "netns", "exec", namespace, sys.executable, "-c", _OUTSIDE_SERVER],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+        yield "10.214.0.2"
+    finally:
+        if server is not None:
+            server.kill()
+            server.wait()
+            if server.stdout is not None:
+                server.stdout.close()
+        sh("ip", "netns", "del", namespace, check=False)
+        sh("ip", "link", "del", link, check=False)

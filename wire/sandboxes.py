@@ -8,19 +8,99 @@ only; unknown fields are refused. Sizes in MiB, times in seconds unless named ``
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterable
+from dataclasses import dataclass
 from enum import StrEnum
+from ipaddress import IPv4Network
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    field_validator,
+    model_validator,
+)
 
 
 class _Message(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class NetworkPolicy(StrEnum):
-    NONE = "none"  #: a network namespace with only its own loopback
+class NetworkPolicy(_Message):
+    """What a sandbox may reach. No entries (``"none"``, the default): its own loopback
+    only. Otherwise outbound connections to these destinations only, each ``HOST[:PORT]``
+    where HOST is an IPv4 address, an IPv4 network (``10.1.0.0/16``; ``0.0.0.0/0`` is the
+    public internet) or a host name the node resolves when it attaches the sandbox, and
+    PORT (TCP and UDP) is one port or all of them when left out. Nothing reaches the node
+    itself, other sandboxes, loopback, link-local (cloud metadata) or multicast addresses,
+    nor the node operator's denied networks, whatever the list says
+    (``runtimes.sandboxes.network``)."""
+
+    allow: list[Annotated[str, Field(min_length=1, max_length=260)]] = Field(
+        default_factory=list, max_length=64
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_name(cls, value: object) -> object:
+        if value == "none":
+            return {"allow": []}
+        return value
+
+    @field_validator("allow")
+    @classmethod
+    def _check(cls, allow: list[str]) -> list[str]:
+        for entry in allow:
+            parse_destination(entry)
+        return allow
+
+    @property
+    def isolated(self) -> bool:
+        return not self.allow
+
+
+@dataclass(frozen=True, slots=True)
+class Destination:
+    """One allow-list entry: a network (``host`` set when it was a name) and a port."""
+
+    network: IPv4Network | None  #: None: a host name, resolved on the node
+    host: str | None
+    port: int | None  #: None: every port
+
+
+_HOST_NAME = re.compile(
+    r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)"
+    r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$"
+)
+
+
+_NUMERIC = frozenset("0123456789./")
+
+
+def parse_destination(entry: str) -> Destination:
+    """``HOST[:PORT]`` of an allow list; ValueError says what is wrong."""
+    host, sep, port_text = entry.rpartition(":")
+    if not sep:
+        host, port_text = entry, ""
+    port: int | None = None
+    if sep:
+        if not port_text.isdigit() or not 1 <= int(port_text) <= 65_535:
+            raise ValueError(f"network entry {entry!r}: the port must be 1-65535")
+        port = int(port_text)
+    if not host or host.startswith("["):
+        raise ValueError(f"network entry {entry!r}: expected HOST[:PORT] (IPv4 only)")
+    if set(host) <= _NUMERIC:
+        try:
+            network = IPv4Network(host, strict=False)
+        except ValueError as exc:
+            raise ValueError(f"network entry {entry!r}: {exc}") from None
+        return Destination(network=network, host=None, port=port)
+    if not _HOST_NAME.match(host):
+        raise ValueError(f"network entry {entry!r}: not an IPv4 address, network or host name")
+    return Destination(network=None, host=host.rstrip(".").lower(), port=port)
 
 
 class SandboxState(StrEnum):
@@ -46,7 +126,7 @@ class SandboxSpec(_Message):
         None, gt=0, description="reaped after this long without an operation"
     )
     env: dict[str, str] = Field(default_factory=dict)
-    network: NetworkPolicy = NetworkPolicy.NONE
+    network: NetworkPolicy = Field(default_factory=NetworkPolicy)
     user: str = Field("user", description="who commands run as unless an exec says otherwise")
     snapshot_id: str | None = Field(
         None, description="start from this snapshot's files (on this node) instead of the image's"

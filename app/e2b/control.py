@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
+from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -28,9 +29,9 @@ from app.auth.principal import Principal
 from app.db.models import Sandbox
 from app.e2b.auth import services, tenant
 from app.e2b.errors import Handler, NotSupported, guarded, rest_error
-from app.errors import BadRequest, Conflict, NotFound, PayloadTooLarge
+from app.errors import BadRequest, Conflict, NotFound, PayloadTooLarge, ValidationFailed
 from app.schemas.sandboxes import CreateSandbox
-from wire.sandboxes import SandboxState
+from wire.sandboxes import NetworkPolicy, SandboxState
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +143,27 @@ async def _extend(request: Request, principal: Principal, sandbox_id: str, ttl_s
     )
 
 
+def _network(internet: object, network: object) -> NetworkPolicy:
+    """E2B's egress settings as a Corral allow list: ``network.allowOut`` (addresses,
+    networks and host names; E2B's ``*.`` wildcards are not supported), else the whole
+    internet for ``allow_internet_access: true``. Corral's default stays no network (E2B's
+    is the internet): a sandbox reaches nothing that was not asked for. A ``denyOut``
+    other than "everything" would need deny rules Corral does not keep per sandbox."""
+    config = network if isinstance(network, dict) else {}
+    allow, deny = config.get("allowOut"), config.get("denyOut")
+    if allow is not None and not (
+        isinstance(allow, list) and all(isinstance(a, str) for a in allow)
+    ):
+        raise BadRequest("network.allowOut must be a list of strings")
+    if deny and not allow and deny != ["0.0.0.0/0"]:
+        raise NotSupported('network.denyOut is supported only as ["0.0.0.0/0"]')
+    entries = list(allow or ([] if internet is not True or deny else ["0.0.0.0/0"]))
+    try:
+        return NetworkPolicy(allow=entries)
+    except ValidationError as exc:
+        raise ValidationFailed(str(exc.errors()[0]["msg"])) from None
+
+
 def routes() -> list[Route]:
     async def create(request: Request) -> Response:
         principal, key = await tenant(request)
@@ -156,6 +178,7 @@ def routes() -> list[Route]:
             ttl_s=_timeout(body.get("timeout"), DEFAULT_TIMEOUT_S),
             env=_strings(body.get("envVars"), "envVars"),
             metadata=metadata | {"e2b.template": template},
+            network=_network(body.get("allow_internet_access"), body.get("network")),
         )
         row = await services(request).sandboxes.create(principal, create)
         log.info("sandbox=%s tenant=%s: created for E2B", row.id, principal.tenant_id)

@@ -32,7 +32,7 @@ from app.schemas.sandboxes import (
     TimeoutBody,
     Timings,
 )
-from wire.sandboxes import ExecRequest, FileEntry, collect
+from wire.sandboxes import ExecRequest, FileEntry, NetworkPolicy, collect
 
 TAGS = ["sandboxes"]
 ONE = "/v1/sandboxes/{sandbox_id}"
@@ -53,6 +53,7 @@ def sandbox_out(row: Sandbox) -> SandboxOut:
         cpu=float(spec.get("cpu", 1.0)),
         memory_mb=int(spec.get("memory_mb", 0)),
         disk_mb=int(spec.get("disk_mb", 0)),
+        network=NetworkPolicy.model_validate(spec.get("network") or "none"),
         created_at=row.created_at,
         started_at=row.started_at,
         expires_at=row.expires_at,

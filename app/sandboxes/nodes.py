@@ -17,10 +17,12 @@ import httpx
 from pydantic import TypeAdapter
 
 from app.errors import (
+    BackendUnavailable,
     BadRequest,
     Conflict,
     CorralError,
     ImageNotFound,
+    InvalidNetwork,
     InvalidPath,
     NoCapacity,
     NodeUnavailable,
@@ -64,6 +66,8 @@ _ERRORS: dict[str, type[CorralError]] = {
     "bad_request": BadRequest,
     "process_not_found": NotFound,
     "stdin_closed": BadRequest,
+    "invalid_network": InvalidNetwork,
+    "backend_unavailable": BackendUnavailable,
 }
 TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 

@@ -30,7 +30,10 @@ class CreateSandbox(_Body):
     ttl_s: float = Field(300, gt=0, le=30 * 86400, description="lifetime; /timeout moves it")
     idle_timeout_s: float | None = Field(None, gt=0, le=30 * 86400)
     env: dict[str, str] = Field(default_factory=dict, max_length=256)
-    network: NetworkPolicy = NetworkPolicy.NONE
+    network: NetworkPolicy = Field(
+        default_factory=NetworkPolicy,
+        description='"none" (the default: no network), or {"allow": ["HOST[:PORT]", ...]}',
+    )
     user: str = Field("user", min_length=1, max_length=64, description="commands run as")
     metadata: dict[str, str] = Field(default_factory=dict, max_length=64)
     snapshot_id: str | None = Field(
@@ -62,6 +65,7 @@ class SandboxOut(BaseModel):
     cpu: float
     memory_mb: int
     disk_mb: int
+    network: NetworkPolicy
     created_at: datetime
     started_at: datetime | None
     expires_at: datetime | None

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import os
 import socket
+from ipaddress import IPv4Network
 from pathlib import Path
 from typing import Any, Self
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from runtimes.sandboxes.network import DEFAULT_DENY
 
 #: Memory per execution slot when the slots are derived from the node's memory: what a
 #: short program in a warm jail typically uses, not its limit.
@@ -106,6 +109,17 @@ class NodeSettings(BaseSettings):
     sandbox_runtime: str = Field(
         "crun", pattern=r"^(crun|runc)$", description="The OCI runtime of container sandboxes."
     )
+    sandbox_network_cidr: str | None = Field(
+        "10.213.0.0/16",
+        description="Addresses of sandboxes that ask for a network (a /30 each); unset: "
+        "this node refuses them (runtimes/sandboxes/network.py).",
+    )
+    sandbox_network_deny: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_DENY),
+        description="Networks no sandbox reaches whatever its allow list says (RFC 1918 "
+        "and CGNAT by default: add the cluster's own; loopback, link-local and multicast "
+        "are always closed).",
+    )
     node_token: SecretStr | None = Field(
         None,
         description="Bearer token of the node's sandbox API, shared with the gateways "
@@ -118,6 +132,11 @@ class NodeSettings(BaseSettings):
             self.node_slots = max(8, min(MAX_SLOTS, self.resolved_memory_mb // SLOT_MEMORY_MB))
         if "fake" in self.runtimes and not self.dev_mode:
             raise ValueError("the fake runtime is for tests only; it needs CORRAL_DEV_MODE=1")
+        for network in [self.sandbox_network_cidr or "0.0.0.0/32", *self.sandbox_network_deny]:
+            try:
+                IPv4Network(network, strict=False)
+            except ValueError as exc:
+                raise ValueError(f"sandbox network setting {network!r}: {exc}") from None
         if self.heartbeat_seconds * 2 > self.node_dead_after_seconds:
             raise ValueError(
                 "CORRAL_NODE_DEAD_AFTER_SECONDS must be at least twice CORRAL_HEARTBEAT_SECONDS"

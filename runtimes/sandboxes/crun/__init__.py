@@ -6,13 +6,17 @@ from typing import TYPE_CHECKING
 
 from runtimes.sandboxes.base import register
 from runtimes.sandboxes.crun.backend import CrunBackend
+from runtimes.sandboxes.network import Network
 
 if TYPE_CHECKING:
     from runtimes.node.settings import NodeSettings
 
 
 def _create(settings: NodeSettings) -> CrunBackend:
-    return CrunBackend(settings.data_dir, runtime=settings.sandbox_runtime)
+    network = None
+    if settings.sandbox_network_cidr is not None:
+        network = Network(settings.sandbox_network_cidr, settings.sandbox_network_deny)
+    return CrunBackend(settings.data_dir, runtime=settings.sandbox_runtime, network=network)
 
 
 register("crun", _create)

@@ -35,6 +35,7 @@ from runtimes.sandboxes.base import (
 )
 from runtimes.sandboxes.crun import bundle, mounts
 from runtimes.sandboxes.crun.process import CrunProcess
+from runtimes.sandboxes.network import Attachment, Network
 from runtimes.sandboxes.rooted import Account, RootedFS
 from wire.sandboxes import ExecRequest, FileEntry, Phases, SandboxSpec
 
@@ -45,6 +46,8 @@ CGROUP_PARENT = "corral-sandboxes"
 DEFAULT_INIT = Path(__file__).resolve().parents[3] / "deploy" / "sandbox" / "bin" / "corral-init"
 CGROUP_V1 = Path("/sys/fs/cgroup")
 PID_FILE_WAIT_S = 5.0
+#: a sandbox's place on the node's sandbox network (``runtimes.sandboxes.network``)
+NETWORK_FILE = "network.json"
 
 
 class RuntimeCommandError(SandboxError):
@@ -61,12 +64,14 @@ class CrunBackend(SandboxBackend):
         runtime: str = "crun",
         init_binary: Path | None = None,
         cgroup_root: Path = CGROUP_V1,
+        network: Network | None = None,
     ) -> None:
         self.root = (data_dir / "sandboxes").resolve()
         self.state_dir = self.root / ".state"
         self.runtime = runtime
         self.init_binary = init_binary or DEFAULT_INIT
         self.cgroup_root = cgroup_root
+        self.network = network
         self._binary: str | None = None
         self._processes: dict[str, set[CrunProcess]] = {}
         self._meta: dict[str, dict[str, Any]] = {}
@@ -91,13 +96,19 @@ class CrunBackend(SandboxBackend):
         aliases = {
             os.readlink(link): link.name for link in self.root.iterdir() if link.is_symlink()
         }
-        return [aliases.get(cid, cid) for cid in sorted(await self._listed())]
+        listed = sorted(await self._listed())
+        if self.network is not None:
+            held = [a for cid in listed if (a := _attachment(self.root / cid)) is not None]
+            await self.network.adopt(held)
+        return [aliases.get(cid, cid) for cid in listed]
 
     async def close(self) -> None:
         for processes in self._processes.values():
             for process in list(processes):
                 await process.kill()
         self._processes.clear()
+        if self.network is not None:
+            await self.network.close()
 
     # --- lifecycle ----------------------------------------------------------------------
     def _cid(self, sandbox_id: str) -> str:
@@ -123,6 +134,8 @@ class CrunBackend(SandboxBackend):
             await self._runtime(
                 "run", "--detach", "--bundle", str(directory), spec.sandbox_id, stdio=False
             )
+            if not spec.network.isolated:
+                await self._attach(spec, directory)
         except BaseException:
             await asyncio.shield(self.destroy(spec.sandbox_id))
             raise
@@ -162,8 +175,27 @@ class CrunBackend(SandboxBackend):
         (self.root / spec.sandbox_id).symlink_to(warm_id)
         try:
             await asyncio.to_thread(self._thaw, warm_id)
+            if not spec.network.isolated:
+                await self._attach(spec, directory)
         except BaseException:
             (self.root / spec.sandbox_id).unlink(missing_ok=True)
+            raise
+
+    async def _attach(self, spec: SandboxSpec, directory: Path) -> None:
+        """Give a sandbox the network its spec allows (before any command runs in it)."""
+        if self.network is None:
+            raise BackendUnavailable("this node gives sandboxes no network (sandbox_network_cidr)")
+        state = await self._runtime_json("state", self._cid(spec.sandbox_id))
+        pid = int(state["pid"]) if isinstance(state, dict) and state.get("pid") else 0
+        if pid <= 0:
+            raise SandboxNotRunning(f"sandbox {spec.sandbox_id} has no init process")
+        attachment = await self.network.attach(spec.sandbox_id, pid, spec.network)
+        try:
+            (directory / NETWORK_FILE).write_text(attachment.to_json())
+            if attachment.hosts:
+                await asyncio.to_thread(_add_hosts, directory / "rootfs", attachment.hosts)
+        except BaseException:
+            await asyncio.shield(self.network.detach(attachment))
             raise
 
     def _thaw(self, cid: str) -> None:
@@ -220,6 +252,9 @@ class CrunBackend(SandboxBackend):
                 still_there = True  # the runtime cannot say: keep everything
             if still_there:
                 raise SandboxError(f"sandbox {sandbox_id} could not be deleted: {exc}") from exc
+        attachment = _attachment(directory)
+        if attachment is not None and self.network is not None:
+            await self.network.detach(attachment)
         await asyncio.to_thread(self._release, directory)
         if cid != sandbox_id:
             (self.root / sandbox_id).unlink(missing_ok=True)
@@ -510,6 +545,26 @@ async def _wait_for_pid(pid_file: Path, proc: asyncio.subprocess.Process) -> int
             return None
         await asyncio.sleep(0.001)
     return None
+
+
+def _attachment(directory: Path) -> Attachment | None:
+    try:
+        return Attachment.from_json((directory / NETWORK_FILE).read_text())
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _add_hosts(rootfs: Path, hosts: dict[str, list[str]]) -> None:
+    """The allow list's host names, as the node resolved them, in the sandbox's
+    /etc/hosts (its programs connect to the addresses the rules allow)."""
+    fs = RootedFS(rootfs)
+    try:
+        current = fs.read("/etc/hosts", max_bytes=1 << 20)
+    except SandboxError:
+        current = b"127.0.0.1\tlocalhost\n"
+    lines = "".join(f"{address}\t{name}\n" for name, addrs in hosts.items() for address in addrs)
+    data = current + (b"" if current.endswith(b"\n") else b"\n") + lines.encode()
+    fs.write("/etc/hosts", data, owner=Account(name="root", uid=0, gid=0, home="/root"))
 
 
 def _tree_size(root: Path) -> int:

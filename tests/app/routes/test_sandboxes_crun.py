@@ -73,3 +73,41 @@ def test_a_python_sandbox_through_a_real_server(
         assert record["timings"]["start_ms"] > 0
         assert api.delete(one).json()["state"] == "stopped"
     assert leftovers(tmp_path / "data", sbx["id"]) == []
+
+
+def test_a_network_allow_list_through_a_real_server(
+    live_server: Callable[..., str], outside: str
+) -> None:
+    url = live_server(
+        sandbox_backends=["crun"],
+        images_dir=python_images_dir(),
+        sandbox_network_cidr="10.216.0.0/24",
+        sandbox_network_deny=["192.168.0.0/16"],
+    )
+    made = httpx.post(f"{url}/v1/tenants", json={"name": "crun-net"}, headers=ADMIN).json()
+    headers = {"Authorization": f"Bearer {made['key']['api_key']}"}
+    probe = (
+        "import socket, sys\n"
+        "for port in (8080, 8081):\n"
+        "    try:\n"
+        f"        c = socket.create_connection(('{outside}', port), 3)\n"
+        "        print(c.recv(64).decode().split()[0])\n"
+        "    except OSError as e:\n"
+        "        print(port, type(e).__name__)\n"
+    )
+    with httpx.Client(base_url=url, headers=headers, timeout=60) as api:
+        bad = api.post("/v1/sandboxes", json={"network": {"allow": ["pypi.org:0"]}})
+        assert bad.status_code == 422 and bad.json()["error"]["code"] == "validation_error"
+        for closed in ("169.254.169.254:80", "192.168.1.1"):
+            refused = api.post("/v1/sandboxes", json={"network": {"allow": [closed]}})
+            assert refused.status_code == 400, refused.text
+            assert refused.json()["error"]["code"] == "invalid_network"
+        created = api.post(
+            "/v1/sandboxes", json={"memory_mb": 256, "network": {"allow": [f"{outside}:8080"]}}
+        )
+        assert created.status_code == 201, created.text
+        one = f"/v1/sandboxes/{created.json()['id']}"
+        ran = api.post(f"{one}/exec", json={"cmd": ["python3", "-c", probe]}).json()
+        assert ran["stdout"].split("\n")[:2] == ["hello-8080", "8081 ConnectionRefusedError"], ran
+        assert api.get(one).json()["network"] == {"allow": [f"{outside}:8080"]}
+        api.delete(one)
