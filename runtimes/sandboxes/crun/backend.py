@@ -82,17 +82,11 @@ class CrunBackend(SandboxBackend):
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.root, 0o700)
         self.state_dir.mkdir(exist_ok=True, mode=0o700)
-        self._binary = shutil.which(self.runtime)
-        if self._binary is None:
-            raise BackendUnavailable(
-                f"{self.runtime} is not installed: run scripts/setup-sandboxes.sh"
-            )
         if not self.init_binary.exists():
             raise BackendUnavailable(
                 f"{self.init_binary} is missing: run scripts/setup-sandboxes.sh"
             )
-        if self.runtime == "crun":
-            ensure_hugetlb_mount(self.cgroup_root)
+        self._binary = self._usable_runtime()
         aliases = {
             os.readlink(link): link.name for link in self.root.iterdir() if link.is_symlink()
         }
@@ -101,6 +95,26 @@ class CrunBackend(SandboxBackend):
             held = [a for cid in listed if (a := _attachment(self.root / cid)) is not None]
             await self.network.adopt(held)
         return [aliases.get(cid, cid) for cid in listed]
+
+    def _usable_runtime(self) -> str:
+        """The runtime's binary; crun that cannot run here (not installed, or a hybrid
+        cgroup layout whose hugetlb controller cannot be mounted) falls back to runc,
+        and says so."""
+        binary = shutil.which(self.runtime)
+        problem = None if binary else f"{self.runtime} is not installed"
+        if binary and self.runtime == "crun":
+            try:
+                ensure_hugetlb_mount(self.cgroup_root)
+            except BackendUnavailable as exc:
+                problem = str(exc)
+        if problem is None and binary is not None:
+            return binary
+        fallback = shutil.which("runc") if self.runtime == "crun" else None
+        if fallback is None:
+            raise BackendUnavailable(f"{problem}: run scripts/setup-sandboxes.sh")
+        log.warning("%s: container sandboxes run on runc (%s) instead", problem, fallback)
+        self.runtime = "runc"
+        return fallback
 
     async def close(self) -> None:
         for processes in self._processes.values():
@@ -597,5 +611,5 @@ def ensure_hugetlb_mount(cgroup_root: Path) -> None:
     except OSError as exc:
         raise BackendUnavailable(
             f"crun needs the hugetlb cgroup controller mounted at {target}: {exc}; "
-            "or set the sandbox runtime to runc"
+            "or install runc, which needs no hugetlb controller"
         ) from exc

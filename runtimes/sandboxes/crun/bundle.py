@@ -1,11 +1,12 @@
 """A sandbox's OCI bundle: ``config.json`` for crun (or runc) and the exec process spec.
 
 Namespaces: pid, mount, ipc, uts, cgroup and network (only its own loopback, unless the
-spec's allow list has the backend attach it: ``runtimes.sandboxes.network``). No user namespace yet: a command run as root inside is host root with the
-capability set below only, ``no_new_privs`` and the seccomp allow-list
-(``runtimes.sandboxes.crun.seccomp``); commands run as the image's unprivileged user
-unless asked otherwise. PID 1 is ``corral-init`` (bind-mounted read-only from the node),
-which nothing inside can kill and which reaps orphans.
+spec's allow list has the backend attach it: ``runtimes.sandboxes.network``). No user
+namespace yet: a command run as root inside is host root with the capability set below
+only, ``no_new_privs`` and the seccomp allow-list (``runtimes.sandboxes.crun.seccomp``);
+commands run as the image's unprivileged user unless asked otherwise. PID 1 is
+``corral-init`` (bind-mounted read-only from the node), which nothing inside can kill and
+which reaps orphans.
 """
 
 from __future__ import annotations

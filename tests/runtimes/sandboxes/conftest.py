@@ -3,9 +3,11 @@ backend in a private data dir, and a check that nothing a test made outlives it.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -79,17 +81,25 @@ def leftovers(data_dir: Path, sandbox_id: str) -> list[str]:
     return found
 
 
-@pytest_asyncio.fixture
-async def crun(tmp_path: Path) -> AsyncIterator[CrunBackend]:
-    backend = CrunBackend(tmp_path / "data")
+@contextlib.asynccontextmanager
+async def started_backend(data_dir: Path, **kw: Any) -> AsyncIterator[CrunBackend]:
+    """A started container backend in ``data_dir``; at the end every sandbox it holds is
+    destroyed and nothing of any may be left on the host."""
+    backend = CrunBackend(data_dir, **kw)
     await backend.start()
     try:
         yield backend
     finally:
-        ids = [p.name for p in (tmp_path / "data" / "sandboxes").iterdir() if p.name[0] != "."]
+        ids = [p.name for p in (data_dir / "sandboxes").iterdir() if p.name[0] != "."]
         ids += await backend.start()  # what the runtime still lists
         for sandbox_id in set(ids):
             await backend.destroy(sandbox_id)
         await backend.close()
         for sandbox_id in set(ids):
-            assert not leftovers(tmp_path / "data", sandbox_id), "destroy left something"
+            assert not leftovers(data_dir, sandbox_id), "destroy left something"
+
+
+@pytest_asyncio.fixture
+async def crun(tmp_path: Path) -> AsyncIterator[CrunBackend]:
+    async with started_backend(tmp_path / "data") as backend:
+        yield backend

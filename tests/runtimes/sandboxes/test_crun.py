@@ -1,15 +1,20 @@
-"""The crun backend on real containers: commands, files, limits, pause, clean-up."""
+"""The container backend on real containers, under crun and under runc: commands, files,
+limits, pause, clean-up; and crun that cannot run here falling back to runc."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 
 from runtimes.sandboxes.base import (
+    BackendUnavailable,
     PathNotFound,
     RootImage,
     SandboxError,
@@ -17,10 +22,18 @@ from runtimes.sandboxes.base import (
     SandboxPathError,
 )
 from runtimes.sandboxes.crun.backend import CrunBackend
-from tests.runtimes.sandboxes.conftest import cgroup_file, leftovers, spec
+from tests.runtimes.sandboxes.conftest import cgroup_file, leftovers, spec, started_backend
 from wire.sandboxes import ExecExit, ExecRequest, ExecResult, collect
 
 pytestmark = pytest.mark.crun
+
+
+@pytest_asyncio.fixture(params=["crun", "runc"])
+async def crun(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[CrunBackend]:
+    """This module's tests run on both OCI runtimes."""
+    async with started_backend(tmp_path / "data", runtime=request.param) as backend:
+        assert backend.runtime == request.param
+        yield backend
 
 
 async def run(backend: CrunBackend, sandbox_id: str, cmd: list[str], **kw: Any) -> ExecResult:
@@ -193,3 +206,22 @@ async def test_a_sandbox_the_runtime_cannot_delete_keeps_its_mounts_and_says_so(
     assert leftovers(tmp_path / "data", "sbx-stuck")  # not unmounted under a live container
     await crun.destroy("sbx-stuck")
     assert leftovers(tmp_path / "data", "sbx-stuck") == []
+
+
+async def test_crun_that_cannot_run_here_falls_back_to_runc_and_says_so(
+    tmp_path: Path, busybox_image: RootImage, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    runc = shutil.which("runc")
+    assert runc is not None, "scripts/setup-sandboxes.sh installs runc"
+    only_runc = tmp_path / "bin"
+    only_runc.mkdir()
+    (only_runc / "runc").symlink_to(runc)
+    monkeypatch.setenv("PATH", str(only_runc))  # a node without crun
+    async with started_backend(tmp_path / "data", runtime="crun") as backend:
+        assert backend.runtime == "runc"
+        assert "runc" in caplog.text and "crun is not installed" in caplog.text
+        await backend.create(spec("sbx-fallback"), busybox_image)
+        assert (await run(backend, "sbx-fallback", ["echo", "on runc"])).stdout == "on runc\n"
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # neither
+    with pytest.raises(BackendUnavailable, match="crun is not installed"):
+        await CrunBackend(tmp_path / "data").start()

@@ -23,7 +23,7 @@ import pytest_asyncio
 from runtimes.sandboxes.base import BackendUnavailable, RootImage
 from runtimes.sandboxes.crun.backend import CrunBackend
 from runtimes.sandboxes.network import Attachment, InvalidNetwork, Network
-from tests.runtimes.sandboxes.conftest import leftovers, spec
+from tests.runtimes.sandboxes.conftest import spec, started_backend
 from tests.runtimes.sandboxes.test_crun import run
 
 pytestmark = pytest.mark.crun
@@ -42,18 +42,9 @@ def network(**kw: object) -> Network:
 @pytest_asyncio.fixture
 async def netted(tmp_path: Path) -> AsyncIterator[CrunBackend]:
     """A crun backend whose sandboxes may ask for a network."""
-    backend = CrunBackend(tmp_path / "data", network=network())
-    await backend.start()
-    try:
+    async with started_backend(tmp_path / "data", network=network()) as backend:
         yield backend
-    finally:
-        ids = [p.name for p in (tmp_path / "data" / "sandboxes").iterdir() if p.name[0] != "."]
-        for sandbox_id in set(ids + await backend.start()):
-            await backend.destroy(sandbox_id)
-        await backend.close()
-        for sandbox_id in set(ids):
-            assert not leftovers(tmp_path / "data", sandbox_id), "destroy left something"
-        assert not host_interfaces(backend), "an interface outlived its sandbox"
+    assert not host_interfaces(backend), "an interface outlived its sandbox"
 
 
 def host_interfaces(backend: CrunBackend) -> list[str]:
