@@ -33,8 +33,8 @@ from runtimes.sandboxes.base import (
     SnapshotFiles,
     Usage,
 )
-from runtimes.sandboxes.crun import bundle, mounts
-from runtimes.sandboxes.crun.process import CrunProcess
+from runtimes.sandboxes.crun import bundle, mounts, spawn
+from runtimes.sandboxes.crun.process import Child, CrunProcess
 from runtimes.sandboxes.network import Attachment, Network
 from runtimes.sandboxes.rooted import Account, RootedFS
 from wire.sandboxes import ExecRequest, FileEntry, Phases, SandboxSpec
@@ -145,9 +145,18 @@ class CrunBackend(SandboxBackend):
         try:
             await asyncio.to_thread(self._prepare, spec, image, directory)
             prepared = time.monotonic()
-            await self._runtime(
-                "run", "--detach", "--bundle", str(directory), spec.sandbox_id, stdio=False
-            )
+            with spawn.listener(directory / spawn.SOCKET_NAME) as listening:
+                await self._runtime(
+                    "run",
+                    "--detach",
+                    "--preserve-fds",
+                    "1",
+                    "--bundle",
+                    str(directory),
+                    spec.sandbox_id,
+                    stdio=False,
+                    fd3=listening.fileno(),
+                )
             if not spec.network.isolated:
                 await self._attach(spec, directory)
         except BaseException:
@@ -350,6 +359,12 @@ class CrunBackend(SandboxBackend):
             **request.env,
         }
         cwd = rooted.normalise(request.cwd or account.home or "/", home=account.home)
+        spawner = directory / spawn.SOCKET_NAME
+        if spawner.exists():
+            spawned = await spawn.spawn(
+                spawner, request.cmd, env=env, uid=account.uid, gid=account.gid, cwd=cwd
+            )
+            return await self._started(sandbox_id, spawned, spawned.pid, request)
         spec = bundle.process(
             [bundle.INIT_PATH, "exec", *request.cmd],
             uid=account.uid,
@@ -387,9 +402,14 @@ class CrunBackend(SandboxBackend):
                     err = await asyncio.wait_for(proc.stderr.read(), 1)
             await proc.wait()
             raise SandboxError(f"the command could not be started: {err.decode(errors='replace')}")
+        return await self._started(sandbox_id, proc, host_pid, request)
+
+    async def _started(
+        self, sandbox_id: str, child: Child, host_pid: int, request: ExecRequest
+    ) -> CrunProcess:
         processes = self._processes.setdefault(sandbox_id, set())
         process = CrunProcess(
-            proc,
+            child,
             host_pid=host_pid,
             procs_file=self._cgroup("pids", sandbox_id) / "cgroup.procs",
             timeout_s=request.timeout_s,
@@ -522,17 +542,19 @@ class CrunBackend(SandboxBackend):
             raise BackendUnavailable("the crun backend is not started")
         return self._binary
 
-    async def _runtime(self, *args: str, stdio: bool = True) -> bytes:
+    async def _runtime(self, *args: str, stdio: bool = True, fd3: int | None = None) -> bytes:
         """Run ``crun --root STATE ARGS``; its stdout. ``create``/``run -d`` get /dev/null
-        for stdio: a pipe would be inherited by the container and never reach EOF."""
+        for stdio: a pipe would be inherited by the container and never reach EOF.
+        ``fd3`` is given to the runtime as its descriptor 3 (by ``corral-init fdexec``)."""
+        command = [self._bin(), "--root", str(self.state_dir), *args]
+        if fd3 is not None:
+            command = [str(self.init_binary), "fdexec", str(fd3), *command]
         proc = await asyncio.create_subprocess_exec(
-            self._bin(),
-            "--root",
-            str(self.state_dir),
-            *args,
+            *command,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE if stdio else asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE if stdio else asyncio.subprocess.DEVNULL,
+            pass_fds=() if fd3 is None else (fd3,),
         )
         out, err = await proc.communicate()
         if proc.returncode != 0:

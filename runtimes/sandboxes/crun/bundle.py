@@ -5,8 +5,8 @@ spec's allow list has the backend attach it: ``runtimes.sandboxes.network``). No
 namespace yet: a command run as root inside is host root with the capability set below
 only, ``no_new_privs`` and the seccomp allow-list (``runtimes.sandboxes.crun.seccomp``);
 commands run as the image's unprivileged user unless asked otherwise. PID 1 is
-``corral-init`` (bind-mounted read-only from the node), which nothing inside can kill and
-which reaps orphans.
+``corral-init`` (bind-mounted read-only from the node), run as root: nothing inside can
+kill it, it reaps orphans, and it starts the node's commands (``crun.spawn``).
 """
 
 from __future__ import annotations
@@ -98,7 +98,9 @@ def config(
     spec: SandboxSpec, *, rootfs: Path, init_binary: Path, cgroup_parent: str
 ) -> dict[str, Any]:
     memory = spec.memory_mb << 20
-    init = process([INIT_PATH], uid=65534, gid=65534, cwd="/", env={"PATH": DEFAULT_PATH})
+    # root, with the capability set below: it starts commands as any user (a non-root
+    # uid keeps no capability once set); nothing inside can signal or kill it
+    init = process([INIT_PATH], uid=0, gid=0, cwd="/", env={"PATH": DEFAULT_PATH})
     return {
         "ociVersion": "1.0.2",
         "process": init,

@@ -1,6 +1,7 @@
-"""One command in a container sandbox: ``crun exec`` of ``corral-init exec CMD``.
+"""One command in a container sandbox: started by the sandbox's init (``spawn``), or, in a
+sandbox made without a spawner, by ``crun exec`` of ``corral-init exec CMD``.
 
-``corral-init exec`` gives the command a session of its own, so its whole tree (children
+Either way the command gets a session of its own, so its whole tree (children
 and grandchildren that did not start sessions of their own) is found by session id in
 the sandbox's cgroup and signalled together: on timeout, on ``signal``, and on kill.
 Output is read from the pipes as it comes; each stream keeps the request's cap and
@@ -19,6 +20,7 @@ import signal
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Protocol
 
 from runtimes.sandboxes.base import Process
 from wire.sandboxes import ExecEvent, ExecExit, ExecOutput, ExecStarted
@@ -60,10 +62,23 @@ def inner_pid(host_pid: int) -> int | None:
     return None
 
 
+class Child(Protocol):
+    """What a command's runner gives: a ``crun exec`` (an asyncio subprocess) or a
+    command the sandbox's init started (``spawn.Spawned``)."""
+
+    stdin: asyncio.StreamWriter | None
+    stdout: asyncio.StreamReader | None
+    stderr: asyncio.StreamReader | None
+
+    async def wait(self) -> int: ...
+
+    def kill(self) -> None: ...
+
+
 class CrunProcess(Process):
     def __init__(
         self,
-        proc: asyncio.subprocess.Process,
+        proc: Child,
         *,
         host_pid: int,
         procs_file: Path,
@@ -121,6 +136,9 @@ class CrunProcess(Process):
                     pipe.feed_eof()
             if self._proc.stdin is not None:
                 self._proc.stdin.close()
+            close = getattr(self._proc, "close", None)
+            if close is not None:
+                close()  # a spawned command's pipes are the node's own to close
             if self._on_exit is not None:
                 self._on_exit()
         sig = None

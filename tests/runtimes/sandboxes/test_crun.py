@@ -27,6 +27,15 @@ from wire.sandboxes import ExecExit, ExecRequest, ExecResult, collect
 
 pytestmark = pytest.mark.crun
 
+#: CapEff of root inside a sandbox: bundle.ROOT_CAPABILITIES
+ROOT_CAPS = format(
+    sum(
+        1 << n
+        for n in (0, 1, 3, 4, 5, 6, 7, 8, 10, 18, 29, 31)  # CHOWN .. SETFCAP, as listed
+    ),
+    "016x",
+)
+
 
 @pytest_asyncio.fixture(params=["crun", "runc"])
 async def crun(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[CrunBackend]:
@@ -225,3 +234,37 @@ async def test_crun_that_cannot_run_here_falls_back_to_runc_and_says_so(
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # neither
     with pytest.raises(BackendUnavailable, match="crun is not installed"):
         await CrunBackend(tmp_path / "data").start()
+
+
+async def test_commands_come_from_the_sandboxs_init_which_nothing_inside_can_reach(
+    crun: CrunBackend, busybox_image: RootImage
+) -> None:
+    await crun.create(spec("sbx-spawn"), busybox_image)
+    assert (crun.root / "sbx-spawn" / "spawn.sock").is_socket()  # on the host, outside rootfs
+    for user, effective in (("user", "0000000000000000"), ("root", ROOT_CAPS)):
+        seen = await run(
+            crun,
+            "sbx-spawn",
+            ["sh", "-c", "grep CapEff /proc/self/status; ls /proc/self/fd; cat /proc/self/stat"],
+            user=user,
+        )
+        lines = seen.stdout.splitlines()
+        assert lines[0].split()[1] == effective, (user, lines)
+        assert sorted(lines[1:-1]) == ["0", "1", "2", "3"], lines  # 3: ls's own directory
+        fields = lines[-1].rsplit(")", 1)[1].split()
+        assert fields[1] == "1" and fields[3] == lines[-1].split()[0]  # init's child, own session
+    hunt = await run(
+        crun,
+        "sbx-spawn",
+        ["sh", "-c", "ls -l /proc/1/fd 2>&1; find / -xdev -type s 2>/dev/null; echo done"],
+    )
+    assert "socket" not in hunt.stdout and "spawn" not in hunt.stdout, hunt.stdout
+
+
+async def test_a_sandbox_without_a_spawner_runs_commands_through_the_runtime(
+    crun: CrunBackend, busybox_image: RootImage
+) -> None:
+    await crun.create(spec("sbx-old"), busybox_image)
+    (crun.root / "sbx-old" / "spawn.sock").unlink()  # as a sandbox made before it existed
+    result = await run(crun, "sbx-old", ["sh", "-c", "id -u; exit 4"])
+    assert result.stdout == "1000\n" and result.exit_code == 4
