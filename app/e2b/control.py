@@ -4,8 +4,12 @@ Every operation goes through ``app.sandboxes.service.Sandboxes`` (the tenant's r
 its ``max_concurrent_sandboxes``, placement, the node that holds the sandbox), exactly as
 ``/v1/sandboxes`` does; only the shapes differ. A template names a Corral image
 (``TEMPLATE_IMAGES`` maps E2B's stock names to ``python``), ``timeout`` is the TTL,
-``metadata`` and ``envVars`` pass through. E2B forgets a sandbox once it is killed: a
-stopped record answers 404 here (it stays in ``/v1/sandboxes?state=stopped``).
+``metadata`` and ``envVars`` pass through. A timeout (a create's, ``/timeout``,
+``/refreshes``, a connect's or resume's that extends the sandbox) that would end it after
+its creation plus the tenant's ``max_sandbox_lifetime_seconds`` is refused with 400, as
+E2B refuses one over its plan's maximum (``app.sandboxes.lifetime``). E2B forgets a
+sandbox once it is killed: a stopped record answers 404 here (it stays in
+``/v1/sandboxes?state=stopped``).
 
 The create and connect answers hand out the caller's own key as ``envdAccessToken`` and
 ``trafficAccessToken`` (``app.e2b.auth``): the SDK sends them on every in-sandbox call.
@@ -39,7 +43,6 @@ log = logging.getLogger(__name__)
 ENVD_VERSION = "0.5.7"
 #: E2B's stock templates, as Corral images
 TEMPLATE_IMAGES = {"base": "python", "code-interpreter-v1": "python", "code-interpreter": "python"}
-DEFAULT_TIMEOUT_S = 300
 MAX_BODY_BYTES = 1 << 20
 
 
@@ -130,16 +133,15 @@ async def _live(request: Request, principal: Principal, sandbox_id: str) -> Sand
 
 
 async def _extend(request: Request, principal: Principal, sandbox_id: str, ttl_s: float) -> Sandbox:
-    """Make the sandbox last at least ``ttl_s`` from now (never shorten it)."""
+    """Make the sandbox last at least ``ttl_s`` from now (never shorten it); an extension
+    past its lifetime quota is refused (400, as E2B refuses a timeout over the plan's)."""
     row = await _live(request, principal, sandbox_id)
     expires = row.expires_at
     if expires is not None and expires.tzinfo is None:
         expires = expires.replace(tzinfo=UTC)
     if expires is not None and expires.timestamp() >= time.time() + ttl_s:
         return row
-    return await services(request).sandboxes.action(
-        principal.tenant_id, sandbox_id, "timeout", {"ttl_s": ttl_s}
-    )
+    return await services(request).sandboxes.set_timeout(principal, sandbox_id, ttl_s)
 
 
 def routes() -> list[Route]:
@@ -151,11 +153,12 @@ def routes() -> list[Route]:
                 raise NotSupported(f"{field} is not supported by Corral")
         template = str(body.get("templateID") or "base")
         metadata = _strings(body.get("metadata"), "metadata")
+        ttl_s = _timeout(body.get("timeout"), None)
         create = CreateSandbox(
             image=TEMPLATE_IMAGES.get(template, template),
-            ttl_s=_timeout(body.get("timeout"), DEFAULT_TIMEOUT_S),
             env=_strings(body.get("envVars"), "envVars"),
             metadata=metadata | {"e2b.template": template},
+            **({} if ttl_s is None else {"ttl_s": ttl_s}),
         )
         row = await services(request).sandboxes.create(principal, create)
         log.info("sandbox=%s tenant=%s: created for E2B", row.id, principal.tenant_id)
@@ -206,9 +209,7 @@ def routes() -> list[Route]:
         if ttl_s is None:
             raise BadRequest("timeout is required")
         await _live(request, principal, sandbox_id)
-        await services(request).sandboxes.action(
-            principal.tenant_id, sandbox_id, "timeout", {"ttl_s": ttl_s}
-        )
+        await services(request).sandboxes.set_timeout(principal, sandbox_id, ttl_s)
         return Response(status_code=204)
 
     async def refresh(request: Request) -> Response:
@@ -233,14 +234,14 @@ def routes() -> list[Route]:
         body = await _body(request)
         ttl_s = _timeout(body.get("timeout"), None)
         row = await _live(request, principal, sandbox_id)
+        if ttl_s is not None:  # first: a refused extension leaves a paused sandbox paused
+            row = await _extend(request, principal, sandbox_id, ttl_s)
         status = 200
         if row.state == SandboxState.PAUSED.value:
             row = await services(request).sandboxes.action(
                 principal.tenant_id, sandbox_id, "resume"
             )
             status = 201
-        if ttl_s is not None:
-            row = await _extend(request, principal, sandbox_id, ttl_s)
         return JSONResponse(created(row, key), status_code=status)
 
     async def resume(request: Request) -> Response:
@@ -250,9 +251,9 @@ def routes() -> list[Route]:
         row = await _live(request, principal, sandbox_id)
         if row.state != SandboxState.PAUSED.value:
             raise Conflict(f"sandbox {sandbox_id} is not paused")
-        row = await services(request).sandboxes.action(principal.tenant_id, sandbox_id, "resume")
         if ttl_s is not None:
-            row = await _extend(request, principal, sandbox_id, ttl_s)
+            await _extend(request, principal, sandbox_id, ttl_s)
+        row = await services(request).sandboxes.action(principal.tenant_id, sandbox_id, "resume")
         return JSONResponse(created(row, key), status_code=201)
 
     async def metrics(request: Request) -> Response:

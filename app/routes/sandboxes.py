@@ -132,16 +132,15 @@ resume_sandbox = _action("resume", "Thaw a paused sandbox")
 @endpoint(
     "POST",
     f"{ONE}/timeout",
-    summary="End the sandbox this long from now",
+    summary="End the sandbox this long from now (within its lifetime quota)",
     tags=TAGS,
     body=TimeoutBody,
     response=SandboxOut,
 )
 async def set_timeout(call: Call) -> SandboxOut:
     body: TimeoutBody = call.body
-    row = await call.services.sandboxes.action(
-        call.tenant.tenant_id, call.path["sandbox_id"], "timeout", {"ttl_s": body.ttl_s}
-    )
+    sandboxes = call.services.sandboxes
+    row = await sandboxes.set_timeout(call.tenant, call.path["sandbox_id"], body.ttl_s)
     return sandbox_out(row)
 
 

@@ -2,7 +2,8 @@
 
 A create is admitted against the tenant's ``max_concurrent_sandboxes`` (the row is
 written first and counted after, so two creates racing for the last place cannot both
-win), placed on a node that offers the backend (best of two by live sandboxes and free
+win) and its ``max_sandbox_lifetime_seconds`` (``app.sandboxes.lifetime``, which judges
+timeouts too), placed on a node that offers the backend (best of two by live sandboxes and free
 memory), and created there; the row then holds the node, the image digest and the
 phase timings. Every later operation is routed to that node. ``sync`` (run by the
 reconciler's loop) makes records and nodes agree: a record whose node no longer has the
@@ -24,10 +25,18 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.auth.principal import Principal
 from app.db.models import Sandbox, Snapshot
-from app.errors import ConcurrencyLimited, CorralError, NoCapacity, NodeUnavailable, NotFound
+from app.errors import (
+    ConcurrencyLimited,
+    CorralError,
+    LifetimeTooLong,
+    NoCapacity,
+    NodeUnavailable,
+    NotFound,
+)
 from app.placement.catalogue import Catalogue
+from app.sandboxes import lifetime
 from app.sandboxes.nodes import NodeClient
-from app.schemas.sandboxes import CreateSandbox
+from app.schemas.sandboxes import DEFAULT_TTL_S, CreateSandbox
 from wire.ids import new_id
 from wire.messages import NodeReport
 from wire.sandboxes import ExecEvent, ExecRequest, SandboxSpec, SandboxState, SandboxStatus
@@ -114,6 +123,9 @@ class Sandboxes:
     async def create(self, principal: Principal, body: CreateSandbox) -> Sandbox:
         tenant_id = principal.tenant_id
         received = datetime.now(UTC)
+        lifetime_s = float(principal.quota.max_sandbox_lifetime_seconds)
+        asked = body.ttl_s if "ttl_s" in body.model_fields_set else None
+        body = body.model_copy(update={"ttl_s": lifetime.create_ttl(asked, lifetime_s)})
         if body.snapshot_id is not None:
             snapshot = await self.get_snapshot(tenant_id, body.snapshot_id)
             body = body.model_copy(update={"backend": snapshot.backend, "image": snapshot.image})
@@ -161,7 +173,7 @@ class Sandboxes:
                 cpu=body.cpu,
                 memory_mb=body.memory_mb,
                 disk_mb=body.disk_mb,
-                ttl_s=body.ttl_s,
+                ttl_s=self._first_ttl(row, body.ttl_s, lifetime_s),
                 idle_timeout_s=body.idle_timeout_s,
                 env=body.env,
                 network=body.network,
@@ -192,6 +204,15 @@ class Sandboxes:
             setup_ms=status.phases.setup_ms,
             start_ms=status.phases.start_ms,
         )
+
+    @staticmethod
+    def _first_ttl(row: Sandbox, ttl_s: float, lifetime_s: float) -> float:
+        """The TTL the node is asked for: what was granted, less the time the create has
+        taken so far if the lifetime would end sooner."""
+        left = lifetime.left_s(row.created_at, lifetime_s, datetime.now(UTC))
+        if left <= 0:
+            raise LifetimeTooLong(f"sandbox {row.id} reached its lifetime before it started")
+        return min(ttl_s, left)
 
     async def _place(self, backend: str) -> NodeClient:
         nodes = [
@@ -256,6 +277,20 @@ class Sandboxes:
         row = await self.get(tenant_id, sandbox_id)
         node = await self.node_of(row)
         return await self._apply(row, await node.action(sandbox_id, action, body))
+
+    async def set_timeout(self, principal: Principal, sandbox_id: str, ttl_s: float) -> Sandbox:
+        """End the sandbox ``ttl_s`` from now, unless that passes its lifetime's end."""
+        row = await self.get(principal.tenant_id, sandbox_id)
+        ttl_s = lifetime.timeout_ttl(
+            row.created_at,
+            ttl_s,
+            float(principal.quota.max_sandbox_lifetime_seconds),
+            datetime.now(UTC),
+        )
+        node = await self.node_of(row)
+        status = await node.action(sandbox_id, "timeout", {"ttl_s": ttl_s})
+        log.info("sandbox=%s: ends in %gs", sandbox_id, ttl_s)
+        return await self._apply(row, status)
 
     async def refresh(self, tenant_id: str, sandbox_id: str) -> Sandbox:
         """The record, with the node's live readings (memory, CPU) when it is live."""
@@ -337,15 +372,19 @@ class Sandboxes:
         """``count`` new sandboxes from one snapshot of this one's files (an episode
         branched at a step); each is counted against the quota like any create."""
         source = await self.get(principal.tenant_id, sandbox_id)
-        snapshot = await self.snapshot(principal.tenant_id, sandbox_id)
         spec = dict(source.spec or {})
+        lifetime_s = float(principal.quota.max_sandbox_lifetime_seconds)
+        # asked for: refused above the limit (before the snapshot); inherited: cut to it
+        inherited = min(float(spec.get("ttl_s", DEFAULT_TTL_S)), lifetime_s)
+        ttl_s = inherited if ttl_s is None else lifetime.create_ttl(ttl_s, lifetime_s)
+        snapshot = await self.snapshot(principal.tenant_id, sandbox_id)
         body = CreateSandbox(
             backend=source.backend,
             image=source.image,
             cpu=float(spec.get("cpu", 1.0)),
             memory_mb=int(spec.get("memory_mb", 512)),
             disk_mb=int(spec.get("disk_mb", 1024)),
-            ttl_s=ttl_s or float(spec.get("ttl_s", 300)),
+            ttl_s=ttl_s,
             idle_timeout_s=spec.get("idle_timeout_s"),
             user=str(spec.get("user", "user")),
             metadata={**(source.meta or {}), **metadata, "forked_from": sandbox_id},

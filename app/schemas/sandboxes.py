@@ -11,6 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from wire.sandboxes import ExecResult, FileEntry, NetworkPolicy
 
 _ENV_KEY = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+#: a create's TTL when it asks for none (or the tenant's max_sandbox_lifetime_seconds,
+#: if shorter: ``app.sandboxes.lifetime``)
+DEFAULT_TTL_S = 300.0
 
 
 class _Body(BaseModel):
@@ -27,7 +30,13 @@ class CreateSandbox(_Body):
     cpu: float = Field(1.0, gt=0, le=64, description="cores (a quota)")
     memory_mb: int = Field(512, ge=32, le=262_144)
     disk_mb: int = Field(1024, ge=16, le=1_048_576, description="size of the writable layer")
-    ttl_s: float = Field(300, gt=0, le=30 * 86400, description="lifetime; /timeout moves it")
+    ttl_s: float = Field(
+        DEFAULT_TTL_S,
+        gt=0,
+        le=30 * 86400,
+        description="lifetime; /timeout moves it. At most the tenant's "
+        "max_sandbox_lifetime_seconds; when not given, 300 or that limit, the shorter",
+    )
     idle_timeout_s: float | None = Field(None, gt=0, le=30 * 86400)
     env: dict[str, str] = Field(default_factory=dict, max_length=256)
     network: NetworkPolicy = NetworkPolicy.NONE

@@ -236,3 +236,69 @@ def test_a_streamed_exec_that_is_refused_is_an_error_answer(
     refused = client.post(f"{one}/exec", json={"cmd": ["echo"], "stream": True}, headers=headers)
     assert refused.status_code == 409, refused.text
     assert refused.json()["error"]["code"] == "sandbox_not_running"
+
+
+def _lifetime(client: TestClient, tenant: dict[str, Any], seconds: int) -> None:
+    from tests.conftest import ADMIN
+
+    quota = {"max_sandbox_lifetime_seconds": seconds, "max_concurrent_sandboxes": 8}
+    patched = client.patch(f"/v1/tenants/{tenant['id']}", json={"quota": quota}, headers=ADMIN)
+    assert patched.status_code == 200, patched.text
+
+
+def _refused_as_too_long(response: Any, limit: int) -> None:
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] == "lifetime_too_long"
+    assert error["details"]["max_sandbox_lifetime_seconds"] == limit
+
+
+def _lifespan(sbx: dict[str, Any]) -> float:
+    from datetime import datetime
+
+    ends = datetime.fromisoformat(sbx["expires_at"])
+    return (ends - datetime.fromisoformat(sbx["created_at"])).total_seconds()
+
+
+def test_a_create_may_not_outlive_the_lifetime_quota(
+    sandbox_client: TestClient, tenant: dict[str, Any]
+) -> None:
+    client, headers = sandbox_client, tenant["headers"]
+    _lifetime(client, tenant, 120)
+    asked = client.post("/v1/sandboxes", json={"backend": "fake", "ttl_s": 121}, headers=headers)
+    _refused_as_too_long(asked, 120)
+    assert client.get("/v1/sandboxes", headers=headers).json()["sandboxes"] == []
+    unasked = create(client, headers)  # the default TTL (300) is cut to the limit
+    assert _lifespan(unasked) < 300
+    snap = client.post(f"/v1/sandboxes/{unasked['id']}/snapshot", headers=headers).json()
+    from_snapshot = client.post(
+        "/v1/sandboxes", json={"snapshot_id": snap["id"], "ttl_s": 600}, headers=headers
+    )
+    _refused_as_too_long(from_snapshot, 120)
+
+    shorter = client.post(
+        f"/v1/sandboxes/{unasked['id']}/timeout", json={"ttl_s": 30}, headers=headers
+    )
+    assert shorter.status_code == 200 and _lifespan(shorter.json()) < _lifespan(unasked)
+
+    _lifetime(client, tenant, 3600)  # raised: the same requests now pass
+    assert _lifespan(create(client, headers, ttl_s=600)) > 590
+    assert create(client, headers, snapshot_id=snap["id"], ttl_s=600)["state"] == "running"
+
+
+@pytest.mark.parametrize("action", ["timeout", "fork"])
+def test_an_extension_past_the_lifetime_is_refused_until_the_quota_is_raised(
+    sandbox_client: TestClient, tenant: dict[str, Any], action: str
+) -> None:
+    client, headers = sandbox_client, tenant["headers"]
+    _lifetime(client, tenant, 120)
+    one = f"/v1/sandboxes/{create(client, headers, ttl_s=60)['id']}"
+    _refused_as_too_long(client.post(f"{one}/{action}", json={"ttl_s": 600}, headers=headers), 120)
+    assert client.get("/v1/snapshots", headers=headers).json()["snapshots"] == []  # none made
+    assert _lifespan(client.get(one, headers=headers).json()) < 120  # nor extended
+
+    _lifetime(client, tenant, 3600)
+    made = client.post(f"{one}/{action}", json={"ttl_s": 600}, headers=headers)
+    assert made.status_code in (200, 201), made.text
+    extended = made.json() if action == "timeout" else made.json()["sandboxes"][0]
+    assert _lifespan(extended) > 590
