@@ -8,7 +8,9 @@ memory), and created there; the row then holds the node, the image digest and th
 phase timings. Every later operation is routed to that node. ``sync`` (run by the
 reconciler's loop) makes records and nodes agree: a record whose node no longer has the
 sandbox is stopped with the node's reason (expired, idle) or "lost"; a sandbox a node
-holds with no live record is destroyed.
+holds with no live record is destroyed. Then it records the usage of live sandboxes,
+and a sandbox recorded stopped has its last interval recorded at once
+(``app.sandboxes.metering``).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from app.errors import (
     NotFound,
 )
 from app.placement.catalogue import Catalogue
-from app.sandboxes import lifetime
+from app.sandboxes import lifetime, metering
 from app.sandboxes.nodes import NodeClient
 from app.schemas.sandboxes import DEFAULT_TTL_S, CreateSandbox
 from wire.ids import new_id
@@ -62,8 +64,10 @@ class Sandboxes:
         sessions: async_sessionmaker[AsyncSession],
         catalogue: Catalogue,
         node_token: str | None,
+        meter_every_s: float = 60.0,
     ) -> None:
         self._sessions = sessions
+        self._meter_every_s = meter_every_s
         self._catalogue = catalogue
         self._token = node_token
         self._clients: dict[tuple[str, str], NodeClient] = {}
@@ -101,7 +105,25 @@ class Sandboxes:
                 raise NotFound(f"no sandbox {sandbox_id}")
             for name, value in fields.items():
                 setattr(row, name, value)
+        if row.state == SandboxState.STOPPED.value:
+            await self._meter_final(row)
         return row
+
+    async def _meter_final(self, row: Sandbox) -> None:
+        """The usage of a sandbox just recorded stopped, up to its end (if this fails, the
+        leader's next metering pass records it)."""
+        try:
+            await metering.meter(
+                self._sessions, now=datetime.now(UTC), every_s=0.0, sandbox_id=row.id
+            )
+        except Exception as exc:
+            log.warning("sandbox=%s: its last usage is not recorded yet (%r)", row.id, exc)
+
+    async def meter(self) -> int:
+        """Record the usage of live and just-ended sandboxes (``app.sandboxes.metering``)."""
+        return await metering.meter(
+            self._sessions, now=datetime.now(UTC), every_s=self._meter_every_s
+        )
 
     async def _apply(self, row: Sandbox, status: SandboxStatus) -> Sandbox:
         """Store what a node says of the sandbox."""
@@ -401,7 +423,8 @@ class Sandboxes:
 
     # --- reconciliation ---------------------------------------------------------------
     async def sync(self) -> None:
-        """Make the records of live sandboxes and the nodes' inventories agree."""
+        """Make the records of live sandboxes and the nodes' inventories agree, then meter
+        their usage."""
         reports = {n.node_id: n for n in await self._catalogue.nodes() if n.address}
         async with self._sessions() as session:
             rows = list(
@@ -458,6 +481,7 @@ class Sandboxes:
                 if now - row.created_at > CREATE_GRACE or row.state != "creating":
                     log.warning("sandbox=%s: its node %s is gone; lost", row.id, holder)
                     await self._update(row.id, state="stopped", reason="lost", ended_at=now)
+        await self.meter()
 
     async def _is_recorded_live(self, sandbox_id: str) -> bool:
         async with self._sessions() as session:

@@ -28,11 +28,20 @@ def add_busybox(images_dir: Path, name: str = "busybox") -> str:
 
 
 @pytest.fixture
+def sandbox_settings() -> dict[str, Any]:
+    """Settings of the gateway beyond the fake backend (a conftest may override it)."""
+    return {}
+
+
+@pytest.fixture
 def sandbox_client(
-    make_settings: Callable[..., Settings], stack: dict[str, Any], tmp_path: Path
+    make_settings: Callable[..., Settings],
+    stack: dict[str, Any],
+    tmp_path: Path,
+    sandbox_settings: dict[str, Any],
 ) -> Iterator[TestClient]:
     add_busybox(tmp_path / "data" / "images", "python")
-    settings = make_settings(sandbox_backends=["fake"], **stack)
+    settings = make_settings(sandbox_backends=["fake"], **sandbox_settings, **stack)
     with TestClient(create_app(settings)) as test_client:
         yield test_client
 
