@@ -7,7 +7,9 @@ its ``max_concurrent_sandboxes``, placement, the node that holds the sandbox), e
 ``metadata`` and ``envVars`` pass through. A timeout (a create's, ``/timeout``,
 ``/refreshes``, a connect's or resume's that extends the sandbox) that would end it after
 its creation plus the tenant's ``max_sandbox_lifetime_seconds`` is refused with 400, as
-E2B refuses one over its plan's maximum (``app.sandboxes.lifetime``). E2B forgets a
+E2B refuses one over its plan's maximum (``app.sandboxes.lifetime``). The list filters
+on ``state`` and ``metadata`` in the database (``app.sandboxes.listing``) and pages with
+``nextToken``/``x-next-token``. E2B forgets a
 sandbox once it is killed: a stopped record answers 404 here (it stays in
 ``/v1/sandboxes?state=stopped``).
 
@@ -24,15 +26,18 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
+from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from app.auth.principal import Principal
+from app.db.cursors import decode_cursor, encode_cursor
 from app.db.models import Sandbox
 from app.e2b.auth import services, tenant
 from app.e2b.errors import Handler, NotSupported, guarded, rest_error
-from app.errors import BadRequest, Conflict, NotFound, PayloadTooLarge
+from app.errors import BadRequest, Conflict, NotFound, PayloadTooLarge, ValidationFailed
+from app.sandboxes.listing import Filters
 from app.schemas.sandboxes import CreateSandbox
 from wire.sandboxes import SandboxState
 
@@ -44,6 +49,8 @@ ENVD_VERSION = "0.5.7"
 #: E2B's stock templates, as Corral images
 TEMPLATE_IMAGES = {"base": "python", "code-interpreter-v1": "python", "code-interpreter": "python"}
 MAX_BODY_BYTES = 1 << 20
+#: E2B's states, which are Corral's (a sandbox still creating is not listed)
+E2B_STATES = (SandboxState.RUNNING.value, SandboxState.PAUSED.value)
 
 
 def _iso(moment: datetime | None) -> str:
@@ -144,6 +151,38 @@ async def _extend(request: Request, principal: Principal, sandbox_id: str, ttl_s
     return await services(request).sandboxes.set_timeout(principal, sandbox_id, ttl_s)
 
 
+def _states(given: list[str]) -> list[str]:
+    """E2B's ``state`` filter (repeated, or comma-separated; both states by default)."""
+    states = {s for value in given for s in value.split(",") if s} or set(E2B_STATES)
+    unknown = states - set(E2B_STATES)
+    if unknown:
+        raise BadRequest(f"state must be running or paused, not {', '.join(sorted(unknown))}")
+    return sorted(states)
+
+
+def _wanted(params: QueryParams) -> dict[str, str]:
+    """E2B's ``metadata`` filter: ``k=v&k2=v2``, each key and value URL-quoted (the SDK
+    quotes them, then URL-encodes the pairs)."""
+    pairs = parse_qsl(params.get("metadata", ""), keep_blank_values=True)
+    wanted: dict[str, str] = {}
+    for key, value in pairs:
+        key, value = unquote(key), unquote(value)
+        if not key or wanted.get(key, value) != value:
+            raise BadRequest("metadata must be k=v pairs, each key once and not empty")
+        wanted[key] = value
+    return wanted
+
+
+def _after(token: str | None) -> tuple[datetime, str] | None:
+    """The row a ``nextToken`` (an ``x-next-token`` this API gave) continues after."""
+    if token is None:
+        return None
+    try:
+        return decode_cursor(token)
+    except ValidationFailed:
+        raise BadRequest("nextToken is not one this API returned") from None
+
+
 def routes() -> list[Route]:
     async def create(request: Request) -> Response:
         principal, key = await tenant(request)
@@ -175,24 +214,18 @@ def routes() -> list[Route]:
     async def listing(request: Request) -> Response:
         principal, _ = await tenant(request)
         params = request.query_params
-        states = {s for s in params.get("state", "running,paused").split(",") if s}
-        wanted = dict(parse_qsl(params.get("metadata", ""), keep_blank_values=True))
-        wanted = {unquote(k): unquote(v) for k, v in wanted.items()}
         try:
             limit = min(max(int(params.get("limit", "100")), 1), 1000)
         except ValueError:
             raise BadRequest("limit must be an integer") from None
         rows = await services(request).sandboxes.list_sandboxes(
-            principal.tenant_id, state="live", limit=limit
+            principal.tenant_id,
+            Filters(states=_states(params.getlist("state")), metadata=_wanted(params)),
+            limit=limit,
+            after=_after(params.get("nextToken")),
         )
-        answer = [
-            listed(row)
-            for row in rows
-            if row.state != SandboxState.CREATING.value
-            and _state(row) in states
-            and all(_metadata(row).get(k) == v for k, v in wanted.items())
-        ]
-        return JSONResponse(answer)
+        headers = {"x-next-token": encode_cursor(rows[-1])} if len(rows) == limit else {}
+        return JSONResponse([listed(row) for row in rows], headers=headers)
 
     async def kill(request: Request) -> Response:
         principal, _ = await tenant(request)

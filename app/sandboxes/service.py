@@ -36,7 +36,8 @@ from app.errors import (
     NotFound,
 )
 from app.placement.catalogue import Catalogue
-from app.sandboxes import lifetime, metering
+from app.sandboxes import lifetime, listing, metering
+from app.sandboxes.listing import LIVE
 from app.sandboxes.nodes import NodeClient
 from app.schemas.sandboxes import DEFAULT_TTL_S, CreateSandbox
 from wire.ids import new_id
@@ -45,7 +46,6 @@ from wire.sandboxes import ExecEvent, ExecRequest, SandboxSpec, SandboxState, Sa
 
 log = logging.getLogger(__name__)
 
-LIVE = (SandboxState.CREATING, SandboxState.RUNNING, SandboxState.PAUSED)
 #: a record still ``creating`` after this long lost its create (gateway died meanwhile)
 CREATE_GRACE = timedelta(minutes=10)
 #: a node missing from the catalogue this long has lost its sandboxes (a node only
@@ -87,15 +87,18 @@ class Sandboxes:
         return row
 
     async def list_sandboxes(
-        self, tenant_id: str, *, state: str | None, limit: int
+        self,
+        tenant_id: str,
+        filters: listing.Filters,
+        *,
+        limit: int,
+        after: tuple[datetime, str] | None = None,
     ) -> list[Sandbox]:
-        query = select(Sandbox).where(Sandbox.tenant_id == tenant_id)
-        if state == "live":
-            query = query.where(Sandbox.state.in_([s.value for s in LIVE]))
-        elif state is not None:
-            query = query.where(Sandbox.state == state)
-        query = query.order_by(Sandbox.created_at.desc()).limit(limit)
+        """The tenant's sandboxes that pass ``filters``, newest first
+        (``app.sandboxes.listing``)."""
         async with self._sessions() as session:
+            dialect = session.get_bind().dialect.name
+            query = listing.query(tenant_id, filters, dialect=dialect, limit=limit, after=after)
             return list((await session.scalars(query)).all())
 
     async def _update(self, sandbox_id: str, **fields: Any) -> Sandbox:

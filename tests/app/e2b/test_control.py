@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
-from e2b import Sandbox, SandboxException, SandboxState
+from e2b import Sandbox, SandboxException, SandboxQuery, SandboxState
 
 from tests.app.e2b.conftest import Corral
 
@@ -47,3 +47,32 @@ def test_timeouts_past_the_lifetime_quota_are_refused_until_it_is_raised(
     sbx.set_timeout(900)
     assert _left_s(sbx) > 890
     assert sbx.kill() is True
+
+
+def _listed(**query: object) -> set[str]:
+    paginator = Sandbox.list(query=SandboxQuery(**query))  # type: ignore[arg-type]
+    return {s.sandbox_id for s in paginator.next_items()}
+
+
+def test_the_list_filters_on_metadata_and_state_as_the_sdk_sends_them(
+    fake_corral: Corral,
+) -> None:
+    odd = {"user id": "a&b=c", "é": "100%"}  # quoted by the SDK, then URL-encoded
+    first = Sandbox.create(template="python", metadata={"episode": "7"} | odd)
+    second = Sandbox.create(template="python", metadata={"episode": "8"})
+    second.pause()
+    both = {first.sandbox_id, second.sandbox_id}
+    assert _listed() == both
+    assert _listed(metadata={"episode": "7"}) == {first.sandbox_id}
+    assert _listed(metadata=odd) == {first.sandbox_id}
+    assert _listed(metadata={"episode": "7", "user id": "x"}) == set()
+    assert _listed(state=[SandboxState.PAUSED]) == {second.sandbox_id}
+    assert _listed(state=[SandboxState.RUNNING]) == {first.sandbox_id}
+    assert _listed(state=[SandboxState.RUNNING, SandboxState.PAUSED]) == both
+    assert _listed(state=[SandboxState.RUNNING], metadata={"episode": "8"}) == set()
+
+    pages = Sandbox.list(limit=1)
+    seen = [s.sandbox_id for _ in range(3) if pages.has_next for s in pages.next_items()]
+    assert sorted(seen) == sorted(both) and not pages.has_next
+    for sbx in (first, second):
+        assert sbx.kill() is True

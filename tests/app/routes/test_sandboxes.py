@@ -311,3 +311,51 @@ def test_an_extension_past_the_lifetime_is_refused_until_the_quota_is_raised(
     assert made.status_code in (200, 201), made.text
     extended = made.json() if action == "timeout" else made.json()["sandboxes"][0]
     assert _lifespan(extended) > 590
+
+
+def _ids(client: TestClient, headers: dict[str, str], **params: Any) -> list[str]:
+    response = client.get("/v1/sandboxes", params=params, headers=headers)
+    assert response.status_code == 200, response.text
+    return [s["id"] for s in response.json()["sandboxes"]]
+
+
+def test_the_list_filters_on_state_backend_image_and_metadata(
+    sandbox_client: TestClient, tenant: dict[str, Any]
+) -> None:
+    """In SQL, on SQLite and PostgreSQL: keys with quotes, dots and non-ASCII letters too."""
+    client, headers = sandbox_client, tenant["headers"]
+    _lifetime(client, tenant, 3600)
+    odd = {'a"b': "q", "x.y": "dot", "é": "ü", "n": "7"}
+    first = create(client, headers, metadata={"episode": "7", "split": "train"} | odd)["id"]
+    second = create(client, headers, metadata={"episode": "8", "split": "train"})["id"]
+    third = create(client, headers)["id"]
+    assert _ids(client, headers) == [third, second, first]  # newest first
+    assert _ids(client, headers, **{"metadata.split": "train"}) == [second, first]
+    both = {"metadata.split": "train", "metadata.episode": "8"}
+    assert _ids(client, headers, **both) == [second]
+    assert _ids(client, headers, **{"metadata.split": "train", "metadata.episode": "9"}) == []
+    for key, value in odd.items():
+        assert _ids(client, headers, **{f"metadata.{key}": value}) == [first], key
+    assert _ids(client, headers, **{"metadata.n": "07"}) == []  # strings, compared exactly
+    assert _ids(client, headers, backend="fake", image="python") == [third, second, first]
+    assert _ids(client, headers, backend="crun") == []
+    assert _ids(client, headers, image="busybox") == []
+    client.delete(f"/v1/sandboxes/{second}", headers=headers)
+    assert _ids(client, headers) == [third, first]
+    assert _ids(client, headers, state="stopped", **{"metadata.episode": "8"}) == [second]
+    assert _ids(client, headers, state="running", **{"metadata.episode": "8"}) == []
+
+
+def test_the_list_is_paged_by_cursor(sandbox_client: TestClient, tenant: dict[str, Any]) -> None:
+    client, headers = sandbox_client, tenant["headers"]
+    _lifetime(client, tenant, 3600)
+    made = [create(client, headers)["id"] for _ in range(3)]
+    seen: list[str] = []
+    params: dict[str, Any] = {"limit": 2}
+    for _ in range(3):
+        page = client.get("/v1/sandboxes", params=params, headers=headers).json()
+        seen += [s["id"] for s in page["sandboxes"]]
+        if page["next_cursor"] is None:
+            break
+        params["cursor"] = page["next_cursor"]
+    assert seen == made[::-1]
