@@ -16,6 +16,7 @@ never rename one) and an HTTP ``status``.
     │   ├── InvalidInputSchema       422 invalid_input_schema     (a function's schema)
     │   └── InvalidArtifact          422 invalid_artifact         (code or module)
     ├── LimitTooHigh                 422 limit_too_high
+    │   └── LifetimeTooLong          422 lifetime_too_long   (a sandbox's expiry)
     ├── PayloadTooLarge              413 payload_too_large
     ├── Unauthenticated              401 missing_api_key
     │   └── InvalidApiKey            401 invalid_api_key
@@ -115,6 +116,14 @@ class InvalidArtifact(ValidationFailed):
 
 class LimitTooHigh(CorralError):
     status, code, default_message = 422, "limit_too_high", "a requested limit exceeds the quota"
+
+
+class LifetimeTooLong(LimitTooHigh):
+    """A sandbox would end later than its creation plus the tenant's
+    ``max_sandbox_lifetime_seconds`` (a create's ``ttl_s``, a timeout that extends it)."""
+
+    code = "lifetime_too_long"
+    default_message = "the sandbox would outlive the tenant's max_sandbox_lifetime_seconds"
 
 
 class PayloadTooLarge(CorralError):

@@ -199,6 +199,7 @@ async def open_services(
             sessions=sessions,
             catalogue=catalogue,
             node_token=token.get_secret_value() if token is not None else None,
+            meter_every_s=settings.sandbox_meter_seconds,
         )
         stack.push_async_callback(sandboxes.close)
         reconciler.sandbox_sync = sandboxes.sync

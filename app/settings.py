@@ -135,6 +135,13 @@ class Settings(DatabaseSettings):
         description="How long work may wait for a node before it is handed out again.",
     )
     reconcile_seconds: float = Field(1.0, gt=0, description="Period of the reconciler.")
+    sandbox_meter_seconds: float = Field(
+        60.0,
+        ge=0,
+        description="A live sandbox's usage is recorded (one usage event) once this long has "
+        "passed since its last record, at the reconciler's next pass; a sandbox that ends "
+        "gets its last interval at once.",
+    )
     reconcile_grace_seconds: float = Field(
         5.0,
         gt=0,

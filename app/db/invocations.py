@@ -35,10 +35,11 @@ from sqlalchemy import (
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db import blobs, outputs, usage
+from app.db.cursors import older_than
 from app.db.models import Invocation, utcnow
 from app.db.outputs import BlobPart
 from app.db.writer import Batchable
-from app.errors import NotFound, ValidationFailed
+from app.errors import NotFound
 from wire.execution import RunResult
 
 
@@ -447,30 +448,9 @@ async def list_for_tenant(
     if before:
         query = query.where(Invocation.created_at < before)
     if after_row:
-        created, row_id = after_row
-        query = query.where(
-            or_(
-                Invocation.created_at < created,
-                and_(Invocation.created_at == created, Invocation.id < row_id),
-            )
-        )
+        query = query.where(older_than(Invocation.created_at, Invocation.id, after_row))
     query = query.order_by(Invocation.created_at.desc(), Invocation.id.desc()).limit(limit)
     return (await session.scalars(query)).all()
-
-
-def encode_cursor(row: Invocation) -> str:
-    return f"{row.created_at.isoformat()}|{row.id}"
-
-
-def decode_cursor(cursor: str) -> tuple[datetime, str]:
-    created, sep, row_id = cursor.partition("|")
-    try:
-        when = datetime.fromisoformat(created)
-    except ValueError:
-        when = None
-    if not sep or not row_id or when is None or when.tzinfo is None:
-        raise ValidationFailed("cursor is not one this API returned")
-    return when, row_id
 
 
 def _text_column(text: str | None) -> str | None:

@@ -222,8 +222,9 @@ class Blob(Base):
 
 
 class UsageEvent(Base):
-    """Append-only record of what was used: one row per finished invocation (and, from
-    warm pools, per period of idle capacity, with no tenant: the platform pays for it).
+    """Append-only record of what was used: one row per finished invocation, per interval
+    of a sandbox's life, and, from warm pools, per period of idle capacity (with no
+    tenant: the platform pays for it).
 
     ``rolled`` is bookkeeping, not a fact: set once the event is counted in
     ``usage_rollups``.
@@ -243,7 +244,7 @@ class UsageEvent(Base):
     tenant_id: Mapped[str | None] = mapped_column(String(32), default=None)
     subject: Mapped[str] = mapped_column(String(16))  # invocation | pool | sandbox
     subject_id: Mapped[str] = mapped_column(String(256))
-    kind: Mapped[str] = mapped_column(String(32))  # run | function | pool_idle | ...
+    kind: Mapped[str] = mapped_column(String(32))  # run | function | pool_idle | sandbox
     runtime: Mapped[str | None] = mapped_column(String(32), default=None)
     language: Mapped[str | None] = mapped_column(String(32), default=None)
     function_version_id: Mapped[str | None] = mapped_column(String(32), default=None)
@@ -284,13 +285,15 @@ class Sandbox(Base):
 
     ``state`` follows the node's (creating, running, paused, stopped); ``node_id`` is the
     node that holds it, to which every operation is routed. ``spec`` is the request less
-    the env values (which can be secrets; only their names are kept).
+    the env values (which can be secrets; only their names are kept). ``metered_until``
+    and ``metered_cpu_ms`` say how far its usage events go (``app.sandboxes.metering``).
     """
 
     __tablename__ = "sandboxes"
     __table_args__ = (
         Index("ix_sandboxes_tenant_state", "tenant_id", "state"),
         Index("ix_sandboxes_state", "state"),
+        Index("ix_sandboxes_ended", "ended_at"),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
@@ -313,6 +316,8 @@ class Sandbox(Base):
     start_ms: Mapped[float | None] = mapped_column(Float, default=None)
     cpu_ms: Mapped[float | None] = mapped_column(Float, default=None)
     memory_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    metered_until: Mapped[datetime | None] = mapped_column(default=None)
+    metered_cpu_ms: Mapped[float | None] = mapped_column(Float, default=None)
 
 
 class Snapshot(Base):

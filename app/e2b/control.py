@@ -4,8 +4,14 @@ Every operation goes through ``app.sandboxes.service.Sandboxes`` (the tenant's r
 its ``max_concurrent_sandboxes``, placement, the node that holds the sandbox), exactly as
 ``/v1/sandboxes`` does; only the shapes differ. A template names a Corral image
 (``TEMPLATE_IMAGES`` maps E2B's stock names to ``python``), ``timeout`` is the TTL,
-``metadata`` and ``envVars`` pass through. E2B forgets a sandbox once it is killed: a
-stopped record answers 404 here (it stays in ``/v1/sandboxes?state=stopped``).
+``metadata`` and ``envVars`` pass through. A timeout (a create's, ``/timeout``,
+``/refreshes``, a connect's or resume's that extends the sandbox) that would end it after
+its creation plus the tenant's ``max_sandbox_lifetime_seconds`` is refused with 400, as
+E2B refuses one over its plan's maximum (``app.sandboxes.lifetime``). The list filters
+on ``state`` and ``metadata`` in the database (``app.sandboxes.listing``) and pages with
+``nextToken``/``x-next-token``. E2B forgets a
+sandbox once it is killed: a stopped record answers 404 here (it stays in
+``/v1/sandboxes?state=stopped``).
 
 The create and connect answers hand out the caller's own key as ``envdAccessToken`` and
 ``trafficAccessToken`` (``app.e2b.auth``): the SDK sends them on every in-sandbox call.
@@ -21,15 +27,18 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote
 
 from pydantic import ValidationError
+from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from app.auth.principal import Principal
+from app.db.cursors import decode_cursor, encode_cursor
 from app.db.models import Sandbox
 from app.e2b.auth import services, tenant
 from app.e2b.errors import Handler, NotSupported, guarded, rest_error
 from app.errors import BadRequest, Conflict, NotFound, PayloadTooLarge, ValidationFailed
+from app.sandboxes.listing import Filters
 from app.schemas.sandboxes import CreateSandbox
 from wire.sandboxes import NetworkPolicy, SandboxState
 
@@ -40,8 +49,9 @@ log = logging.getLogger(__name__)
 ENVD_VERSION = "0.5.7"
 #: E2B's stock templates, as Corral images
 TEMPLATE_IMAGES = {"base": "python", "code-interpreter-v1": "python", "code-interpreter": "python"}
-DEFAULT_TIMEOUT_S = 300
 MAX_BODY_BYTES = 1 << 20
+#: E2B's states, which are Corral's (a sandbox still creating is not listed)
+E2B_STATES = (SandboxState.RUNNING.value, SandboxState.PAUSED.value)
 
 
 def _iso(moment: datetime | None) -> str:
@@ -131,16 +141,47 @@ async def _live(request: Request, principal: Principal, sandbox_id: str) -> Sand
 
 
 async def _extend(request: Request, principal: Principal, sandbox_id: str, ttl_s: float) -> Sandbox:
-    """Make the sandbox last at least ``ttl_s`` from now (never shorten it)."""
+    """Make the sandbox last at least ``ttl_s`` from now (never shorten it); an extension
+    past its lifetime quota is refused (400, as E2B refuses a timeout over the plan's)."""
     row = await _live(request, principal, sandbox_id)
     expires = row.expires_at
     if expires is not None and expires.tzinfo is None:
         expires = expires.replace(tzinfo=UTC)
     if expires is not None and expires.timestamp() >= time.time() + ttl_s:
         return row
-    return await services(request).sandboxes.action(
-        principal.tenant_id, sandbox_id, "timeout", {"ttl_s": ttl_s}
-    )
+    return await services(request).sandboxes.set_timeout(principal, sandbox_id, ttl_s)
+
+
+def _states(given: list[str]) -> list[str]:
+    """E2B's ``state`` filter (repeated, or comma-separated; both states by default)."""
+    states = {s for value in given for s in value.split(",") if s} or set(E2B_STATES)
+    unknown = states - set(E2B_STATES)
+    if unknown:
+        raise BadRequest(f"state must be running or paused, not {', '.join(sorted(unknown))}")
+    return sorted(states)
+
+
+def _wanted(params: QueryParams) -> dict[str, str]:
+    """E2B's ``metadata`` filter: ``k=v&k2=v2``, each key and value URL-quoted (the SDK
+    quotes them, then URL-encodes the pairs)."""
+    pairs = parse_qsl(params.get("metadata", ""), keep_blank_values=True)
+    wanted: dict[str, str] = {}
+    for key, value in pairs:
+        key, value = unquote(key), unquote(value)
+        if not key or wanted.get(key, value) != value:
+            raise BadRequest("metadata must be k=v pairs, each key once and not empty")
+        wanted[key] = value
+    return wanted
+
+
+def _after(token: str | None) -> tuple[datetime, str] | None:
+    """The row a ``nextToken`` (an ``x-next-token`` this API gave) continues after."""
+    if token is None:
+        return None
+    try:
+        return decode_cursor(token)
+    except ValidationFailed:
+        raise BadRequest("nextToken is not one this API returned") from None
 
 
 def _network(internet: object, network: object) -> NetworkPolicy:
@@ -173,12 +214,13 @@ def routes() -> list[Route]:
                 raise NotSupported(f"{field} is not supported by Corral")
         template = str(body.get("templateID") or "base")
         metadata = _strings(body.get("metadata"), "metadata")
+        ttl_s = _timeout(body.get("timeout"), None)
         create = CreateSandbox(
             image=TEMPLATE_IMAGES.get(template, template),
-            ttl_s=_timeout(body.get("timeout"), DEFAULT_TIMEOUT_S),
             env=_strings(body.get("envVars"), "envVars"),
             metadata=metadata | {"e2b.template": template},
             network=_network(body.get("allow_internet_access"), body.get("network")),
+            **({} if ttl_s is None else {"ttl_s": ttl_s}),
         )
         row = await services(request).sandboxes.create(principal, create)
         log.info("sandbox=%s tenant=%s: created for E2B", row.id, principal.tenant_id)
@@ -195,24 +237,18 @@ def routes() -> list[Route]:
     async def listing(request: Request) -> Response:
         principal, _ = await tenant(request)
         params = request.query_params
-        states = {s for s in params.get("state", "running,paused").split(",") if s}
-        wanted = dict(parse_qsl(params.get("metadata", ""), keep_blank_values=True))
-        wanted = {unquote(k): unquote(v) for k, v in wanted.items()}
         try:
             limit = min(max(int(params.get("limit", "100")), 1), 1000)
         except ValueError:
             raise BadRequest("limit must be an integer") from None
         rows = await services(request).sandboxes.list_sandboxes(
-            principal.tenant_id, state="live", limit=limit
+            principal.tenant_id,
+            Filters(states=_states(params.getlist("state")), metadata=_wanted(params)),
+            limit=limit,
+            after=_after(params.get("nextToken")),
         )
-        answer = [
-            listed(row)
-            for row in rows
-            if row.state != SandboxState.CREATING.value
-            and _state(row) in states
-            and all(_metadata(row).get(k) == v for k, v in wanted.items())
-        ]
-        return JSONResponse(answer)
+        headers = {"x-next-token": encode_cursor(rows[-1])} if len(rows) == limit else {}
+        return JSONResponse([listed(row) for row in rows], headers=headers)
 
     async def kill(request: Request) -> Response:
         principal, _ = await tenant(request)
@@ -229,9 +265,7 @@ def routes() -> list[Route]:
         if ttl_s is None:
             raise BadRequest("timeout is required")
         await _live(request, principal, sandbox_id)
-        await services(request).sandboxes.action(
-            principal.tenant_id, sandbox_id, "timeout", {"ttl_s": ttl_s}
-        )
+        await services(request).sandboxes.set_timeout(principal, sandbox_id, ttl_s)
         return Response(status_code=204)
 
     async def refresh(request: Request) -> Response:
@@ -256,14 +290,14 @@ def routes() -> list[Route]:
         body = await _body(request)
         ttl_s = _timeout(body.get("timeout"), None)
         row = await _live(request, principal, sandbox_id)
+        if ttl_s is not None:  # first: a refused extension leaves a paused sandbox paused
+            row = await _extend(request, principal, sandbox_id, ttl_s)
         status = 200
         if row.state == SandboxState.PAUSED.value:
             row = await services(request).sandboxes.action(
                 principal.tenant_id, sandbox_id, "resume"
             )
             status = 201
-        if ttl_s is not None:
-            row = await _extend(request, principal, sandbox_id, ttl_s)
         return JSONResponse(created(row, key), status_code=status)
 
     async def resume(request: Request) -> Response:
@@ -273,9 +307,9 @@ def routes() -> list[Route]:
         row = await _live(request, principal, sandbox_id)
         if row.state != SandboxState.PAUSED.value:
             raise Conflict(f"sandbox {sandbox_id} is not paused")
-        row = await services(request).sandboxes.action(principal.tenant_id, sandbox_id, "resume")
         if ttl_s is not None:
-            row = await _extend(request, principal, sandbox_id, ttl_s)
+            await _extend(request, principal, sandbox_id, ttl_s)
+        row = await services(request).sandboxes.action(principal.tenant_id, sandbox_id, "resume")
         return JSONResponse(created(row, key), status_code=201)
 
     async def metrics(request: Request) -> Response:

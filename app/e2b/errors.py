@@ -14,7 +14,8 @@ longer has: 502 (Connect ``unavailable``) with a message containing "was not fou
 the SDK turns into ``SandboxNotRunningException``. Another tenant's sandbox is 404
 ``not_found``: whether it exists is not told. Everything else keeps the status of its
 ``CorralError``; anything that is not one (bad JSON, a bad value) is mapped to one here,
-so no input reaches a 500.
+so no input reaches a 500. A limit over the tenant's quota (a sandbox's lifetime) is a 400,
+as E2B answers a timeout over the plan's maximum.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from app.errors import (
     CorralError,
     ExecutionTimeout,
     Forbidden,
+    LimitTooHigh,
     NotFound,
     PayloadTooLarge,
     QuotaExceeded,
@@ -80,6 +82,8 @@ def as_corral(exc: Exception) -> CorralError:
     """Any error a route can meet, as one of ours (bad input is a 400, never a 500)."""
     if isinstance(exc, SandboxNotRunning) and not isinstance(exc, SandboxGone):
         return SandboxGone(f"the sandbox was not found running: {exc.message}")
+    if isinstance(exc, LimitTooHigh):
+        return BadRequest(exc.message)  # E2B: a timeout over the plan's maximum is a 400
     if isinstance(exc, CorralError):
         return exc
     if isinstance(exc, ValidationError):

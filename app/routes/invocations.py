@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from app.db import invocations as repo
+from app.db.cursors import decode_cursor, encode_cursor
 from app.http.endpoint import Call, endpoint
 from app.invocations import projection
 from app.routes.present import invocation_out
@@ -45,11 +46,11 @@ async def list_invocations(call: Call) -> InvocationList:
             kind=q.kind,
             language=q.language,
             before=q.before,
-            after_row=repo.decode_cursor(q.cursor) if q.cursor else None,
+            after_row=decode_cursor(q.cursor) if q.cursor else None,
         )
     return InvocationList(
         invocations=[invocation_out(r, projection.preview(r)) for r in rows],
-        next_cursor=repo.encode_cursor(rows[-1]) if len(rows) == q.limit else None,
+        next_cursor=encode_cursor(rows[-1]) if len(rows) == q.limit else None,
     )
 
 

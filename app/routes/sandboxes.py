@@ -11,9 +11,11 @@ from collections.abc import AsyncIterator
 
 from starlette.responses import Response, StreamingResponse
 
+from app.db.cursors import decode_cursor, encode_cursor
 from app.db.models import Sandbox, Snapshot
-from app.errors import InvalidPath, PayloadTooLarge
+from app.errors import InvalidPath, PayloadTooLarge, ValidationFailed
 from app.http.endpoint import Call, Endpoint, endpoint
+from app.sandboxes import listing
 from app.schemas.sandboxes import (
     CreateSandbox,
     EntryList,
@@ -29,6 +31,7 @@ from app.schemas.sandboxes import (
     SandboxQuery,
     SnapshotList,
     SnapshotOut,
+    SnapshotQuery,
     TimeoutBody,
     Timings,
 )
@@ -88,17 +91,29 @@ async def create_sandbox(call: Call) -> SandboxOut:
 @endpoint(
     "GET",
     "/v1/sandboxes",
-    summary="The tenant's sandboxes",
+    summary="The tenant's sandboxes, newest first; filters, and metadata.KEY=VALUE",
     tags=TAGS,
     query=SandboxQuery,
     response=SandboxList,
 )
 async def list_sandboxes(call: Call) -> SandboxList:
     q: SandboxQuery = call.query
-    rows = await call.services.sandboxes.list_sandboxes(
-        call.tenant.tenant_id, state=q.state, limit=q.limit
+    for name in call.request.query_params:
+        if len(call.request.query_params.getlist(name)) > 1:
+            raise ValidationFailed(f"query parameter {name} is given more than once")
+    filters = listing.Filters(
+        states=listing.states(q.state), backend=q.backend, image=q.image, metadata=q.metadata
     )
-    return SandboxList(sandboxes=[sandbox_out(r) for r in rows])
+    rows = await call.services.sandboxes.list_sandboxes(
+        call.tenant.tenant_id,
+        filters,
+        limit=q.limit,
+        after=decode_cursor(q.cursor) if q.cursor else None,
+    )
+    return SandboxList(
+        sandboxes=[sandbox_out(r) for r in rows],
+        next_cursor=encode_cursor(rows[-1]) if len(rows) == q.limit else None,
+    )
 
 
 @endpoint("GET", ONE, summary="One sandbox", tags=TAGS, response=SandboxOut)
@@ -133,16 +148,15 @@ resume_sandbox = _action("resume", "Thaw a paused sandbox")
 @endpoint(
     "POST",
     f"{ONE}/timeout",
-    summary="End the sandbox this long from now",
+    summary="End the sandbox this long from now (within its lifetime quota)",
     tags=TAGS,
     body=TimeoutBody,
     response=SandboxOut,
 )
 async def set_timeout(call: Call) -> SandboxOut:
     body: TimeoutBody = call.body
-    row = await call.services.sandboxes.action(
-        call.tenant.tenant_id, call.path["sandbox_id"], "timeout", {"ttl_s": body.ttl_s}
-    )
+    sandboxes = call.services.sandboxes
+    row = await sandboxes.set_timeout(call.tenant, call.path["sandbox_id"], body.ttl_s)
     return sandbox_out(row)
 
 
@@ -341,11 +355,11 @@ async def fork_sandbox(call: Call) -> ForkOut:
     "/v1/snapshots",
     summary="The tenant's snapshots",
     tags=TAGS,
-    query=SandboxQuery,
+    query=SnapshotQuery,
     response=SnapshotList,
 )
 async def list_snapshots(call: Call) -> SnapshotList:
-    q: SandboxQuery = call.query
+    q: SnapshotQuery = call.query
     rows = await call.services.sandboxes.list_snapshots(call.tenant.tenant_id, limit=q.limit)
     return SnapshotList(snapshots=[snapshot_out(r) for r in rows])
 

@@ -2,12 +2,15 @@
 
 A create is admitted against the tenant's ``max_concurrent_sandboxes`` (the row is
 written first and counted after, so two creates racing for the last place cannot both
-win), placed on a node that offers the backend (best of two by live sandboxes and free
+win) and its ``max_sandbox_lifetime_seconds`` (``app.sandboxes.lifetime``, which judges
+timeouts too), placed on a node that offers the backend (best of two by live sandboxes and free
 memory), and created there; the row then holds the node, the image digest and the
 phase timings. Every later operation is routed to that node. ``sync`` (run by the
 reconciler's loop) makes records and nodes agree: a record whose node no longer has the
 sandbox is stopped with the node's reason (expired, idle) or "lost"; a sandbox a node
-holds with no live record is destroyed.
+holds with no live record is destroyed. Then it records the usage of live sandboxes,
+and a sandbox recorded stopped has its last interval recorded at once
+(``app.sandboxes.metering``).
 """
 
 from __future__ import annotations
@@ -24,17 +27,25 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.auth.principal import Principal
 from app.db.models import Sandbox, Snapshot
-from app.errors import ConcurrencyLimited, CorralError, NoCapacity, NodeUnavailable, NotFound
+from app.errors import (
+    ConcurrencyLimited,
+    CorralError,
+    LifetimeTooLong,
+    NoCapacity,
+    NodeUnavailable,
+    NotFound,
+)
 from app.placement.catalogue import Catalogue
+from app.sandboxes import lifetime, listing, metering
+from app.sandboxes.listing import LIVE
 from app.sandboxes.nodes import NodeClient
-from app.schemas.sandboxes import CreateSandbox
+from app.schemas.sandboxes import DEFAULT_TTL_S, CreateSandbox
 from wire.ids import new_id
 from wire.messages import NodeReport
 from wire.sandboxes import ExecEvent, ExecRequest, SandboxSpec, SandboxState, SandboxStatus
 
 log = logging.getLogger(__name__)
 
-LIVE = (SandboxState.CREATING, SandboxState.RUNNING, SandboxState.PAUSED)
 #: a record still ``creating`` after this long lost its create (gateway died meanwhile)
 CREATE_GRACE = timedelta(minutes=10)
 #: a node missing from the catalogue this long has lost its sandboxes (a node only
@@ -53,8 +64,10 @@ class Sandboxes:
         sessions: async_sessionmaker[AsyncSession],
         catalogue: Catalogue,
         node_token: str | None,
+        meter_every_s: float = 60.0,
     ) -> None:
         self._sessions = sessions
+        self._meter_every_s = meter_every_s
         self._catalogue = catalogue
         self._token = node_token
         self._clients: dict[tuple[str, str], NodeClient] = {}
@@ -74,15 +87,18 @@ class Sandboxes:
         return row
 
     async def list_sandboxes(
-        self, tenant_id: str, *, state: str | None, limit: int
+        self,
+        tenant_id: str,
+        filters: listing.Filters,
+        *,
+        limit: int,
+        after: tuple[datetime, str] | None = None,
     ) -> list[Sandbox]:
-        query = select(Sandbox).where(Sandbox.tenant_id == tenant_id)
-        if state == "live":
-            query = query.where(Sandbox.state.in_([s.value for s in LIVE]))
-        elif state is not None:
-            query = query.where(Sandbox.state == state)
-        query = query.order_by(Sandbox.created_at.desc()).limit(limit)
+        """The tenant's sandboxes that pass ``filters``, newest first
+        (``app.sandboxes.listing``)."""
         async with self._sessions() as session:
+            dialect = session.get_bind().dialect.name
+            query = listing.query(tenant_id, filters, dialect=dialect, limit=limit, after=after)
             return list((await session.scalars(query)).all())
 
     async def _update(self, sandbox_id: str, **fields: Any) -> Sandbox:
@@ -92,7 +108,25 @@ class Sandboxes:
                 raise NotFound(f"no sandbox {sandbox_id}")
             for name, value in fields.items():
                 setattr(row, name, value)
+        if row.state == SandboxState.STOPPED.value:
+            await self._meter_final(row)
         return row
+
+    async def _meter_final(self, row: Sandbox) -> None:
+        """The usage of a sandbox just recorded stopped, up to its end (if this fails, the
+        leader's next metering pass records it)."""
+        try:
+            await metering.meter(
+                self._sessions, now=datetime.now(UTC), every_s=0.0, sandbox_id=row.id
+            )
+        except Exception as exc:
+            log.warning("sandbox=%s: its last usage is not recorded yet (%r)", row.id, exc)
+
+    async def meter(self) -> int:
+        """Record the usage of live and just-ended sandboxes (``app.sandboxes.metering``)."""
+        return await metering.meter(
+            self._sessions, now=datetime.now(UTC), every_s=self._meter_every_s
+        )
 
     async def _apply(self, row: Sandbox, status: SandboxStatus) -> Sandbox:
         """Store what a node says of the sandbox."""
@@ -114,6 +148,9 @@ class Sandboxes:
     async def create(self, principal: Principal, body: CreateSandbox) -> Sandbox:
         tenant_id = principal.tenant_id
         received = datetime.now(UTC)
+        lifetime_s = float(principal.quota.max_sandbox_lifetime_seconds)
+        asked = body.ttl_s if "ttl_s" in body.model_fields_set else None
+        body = body.model_copy(update={"ttl_s": lifetime.create_ttl(asked, lifetime_s)})
         if body.snapshot_id is not None:
             snapshot = await self.get_snapshot(tenant_id, body.snapshot_id)
             body = body.model_copy(update={"backend": snapshot.backend, "image": snapshot.image})
@@ -161,7 +198,7 @@ class Sandboxes:
                 cpu=body.cpu,
                 memory_mb=body.memory_mb,
                 disk_mb=body.disk_mb,
-                ttl_s=body.ttl_s,
+                ttl_s=self._first_ttl(row, body.ttl_s, lifetime_s),
                 idle_timeout_s=body.idle_timeout_s,
                 env=body.env,
                 network=body.network,
@@ -192,6 +229,15 @@ class Sandboxes:
             setup_ms=status.phases.setup_ms,
             start_ms=status.phases.start_ms,
         )
+
+    @staticmethod
+    def _first_ttl(row: Sandbox, ttl_s: float, lifetime_s: float) -> float:
+        """The TTL the node is asked for: what was granted, less the time the create has
+        taken so far if the lifetime would end sooner."""
+        left = lifetime.left_s(row.created_at, lifetime_s, datetime.now(UTC))
+        if left <= 0:
+            raise LifetimeTooLong(f"sandbox {row.id} reached its lifetime before it started")
+        return min(ttl_s, left)
 
     async def _place(self, backend: str) -> NodeClient:
         nodes = [
@@ -256,6 +302,20 @@ class Sandboxes:
         row = await self.get(tenant_id, sandbox_id)
         node = await self.node_of(row)
         return await self._apply(row, await node.action(sandbox_id, action, body))
+
+    async def set_timeout(self, principal: Principal, sandbox_id: str, ttl_s: float) -> Sandbox:
+        """End the sandbox ``ttl_s`` from now, unless that passes its lifetime's end."""
+        row = await self.get(principal.tenant_id, sandbox_id)
+        ttl_s = lifetime.timeout_ttl(
+            row.created_at,
+            ttl_s,
+            float(principal.quota.max_sandbox_lifetime_seconds),
+            datetime.now(UTC),
+        )
+        node = await self.node_of(row)
+        status = await node.action(sandbox_id, "timeout", {"ttl_s": ttl_s})
+        log.info("sandbox=%s: ends in %gs", sandbox_id, ttl_s)
+        return await self._apply(row, status)
 
     async def refresh(self, tenant_id: str, sandbox_id: str) -> Sandbox:
         """The record, with the node's live readings (memory, CPU) when it is live."""
@@ -337,15 +397,19 @@ class Sandboxes:
         """``count`` new sandboxes from one snapshot of this one's files (an episode
         branched at a step); each is counted against the quota like any create."""
         source = await self.get(principal.tenant_id, sandbox_id)
-        snapshot = await self.snapshot(principal.tenant_id, sandbox_id)
         spec = dict(source.spec or {})
+        lifetime_s = float(principal.quota.max_sandbox_lifetime_seconds)
+        # asked for: refused above the limit (before the snapshot); inherited: cut to it
+        inherited = min(float(spec.get("ttl_s", DEFAULT_TTL_S)), lifetime_s)
+        ttl_s = inherited if ttl_s is None else lifetime.create_ttl(ttl_s, lifetime_s)
+        snapshot = await self.snapshot(principal.tenant_id, sandbox_id)
         body = CreateSandbox(
             backend=source.backend,
             image=source.image,
             cpu=float(spec.get("cpu", 1.0)),
             memory_mb=int(spec.get("memory_mb", 512)),
             disk_mb=int(spec.get("disk_mb", 1024)),
-            ttl_s=ttl_s or float(spec.get("ttl_s", 300)),
+            ttl_s=ttl_s,
             idle_timeout_s=spec.get("idle_timeout_s"),
             user=str(spec.get("user", "user")),
             metadata={**(source.meta or {}), **metadata, "forked_from": sandbox_id},
@@ -362,7 +426,8 @@ class Sandboxes:
 
     # --- reconciliation ---------------------------------------------------------------
     async def sync(self) -> None:
-        """Make the records of live sandboxes and the nodes' inventories agree."""
+        """Make the records of live sandboxes and the nodes' inventories agree, then meter
+        their usage."""
         reports = {n.node_id: n for n in await self._catalogue.nodes() if n.address}
         async with self._sessions() as session:
             rows = list(
@@ -419,6 +484,7 @@ class Sandboxes:
                 if now - row.created_at > CREATE_GRACE or row.state != "creating":
                     log.warning("sandbox=%s: its node %s is gone; lost", row.id, holder)
                     await self._update(row.id, state="stopped", reason="lost", ended_at=now)
+        await self.meter()
 
     async def _is_recorded_live(self, sandbox_id: str) -> bool:
         async with self._sessions() as session:

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from wire.sandboxes import ExecResult, FileEntry, NetworkPolicy
 
 _ENV_KEY = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+_BACKEND = r"^[a-z][a-z0-9_-]{0,15}$"
+#: a create's TTL when it asks for none (or the tenant's max_sandbox_lifetime_seconds,
+#: if shorter: ``app.sandboxes.lifetime``)
+DEFAULT_TTL_S = 300.0
 
 
 class _Body(BaseModel):
@@ -18,16 +23,20 @@ class _Body(BaseModel):
 
 
 class CreateSandbox(_Body):
-    backend: str = Field(
-        "crun", pattern=r"^[a-z][a-z0-9_-]{0,15}$", description="crun (containers); microVMs later"
-    )
+    backend: str = Field("crun", pattern=_BACKEND, description="crun (containers); microVMs later")
     image: str = Field(
         "python", min_length=1, max_length=256, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@/-]*$"
     )
     cpu: float = Field(1.0, gt=0, le=64, description="cores (a quota)")
     memory_mb: int = Field(512, ge=32, le=262_144)
     disk_mb: int = Field(1024, ge=16, le=1_048_576, description="size of the writable layer")
-    ttl_s: float = Field(300, gt=0, le=30 * 86400, description="lifetime; /timeout moves it")
+    ttl_s: float = Field(
+        DEFAULT_TTL_S,
+        gt=0,
+        le=30 * 86400,
+        description="lifetime; /timeout moves it. At most the tenant's "
+        "max_sandbox_lifetime_seconds; when not given, 300 or that limit, the shorter",
+    )
     idle_timeout_s: float | None = Field(None, gt=0, le=30 * 86400)
     env: dict[str, str] = Field(default_factory=dict, max_length=256)
     network: NetworkPolicy = Field(
@@ -79,12 +88,44 @@ class SandboxOut(BaseModel):
 
 class SandboxList(BaseModel):
     sandboxes: list[SandboxOut]
+    next_cursor: str | None = Field(
+        None, description="pass as cursor for the next page (none: this is the last)"
+    )
+
+
+#: ``metadata.KEY=VALUE`` query parameters: how a list filters on metadata
+METADATA_PARAM = "metadata."
+MetaKey = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+MetaValue = Annotated[str, StringConstraints(max_length=4096)]
 
 
 class SandboxQuery(_Body):
+    """Filters of ``GET /v1/sandboxes``, every one must match; and ``metadata.KEY=VALUE``
+    parameters (any number, each key once): the sandbox's metadata has KEY set to VALUE."""
+
     state: Literal["creating", "running", "paused", "stopped", "live"] | None = Field(
         "live", description="live: creating, running or paused"
     )
+    backend: str | None = Field(None, pattern=_BACKEND)
+    image: str | None = Field(None, min_length=1, max_length=256)
+    limit: int = Field(100, ge=1, le=1000)
+    cursor: str | None = Field(None, max_length=128, description="next_cursor of the previous page")
+    metadata: SkipJsonSchema[dict[MetaKey, MetaValue]] = Field(default_factory=dict, max_length=16)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _metadata_params(cls, data: Any) -> Any:
+        """``metadata.KEY`` parameters, as the ``metadata`` filter."""
+        if not isinstance(data, dict):
+            return data
+        if "metadata" in data:
+            raise ValueError(f"filter on metadata with {METADATA_PARAM}KEY=VALUE parameters")
+        rest = {k: v for k, v in data.items() if not k.startswith(METADATA_PARAM)}
+        wanted = {k[len(METADATA_PARAM) :]: v for k, v in data.items() if k not in rest}
+        return rest | {"metadata": wanted}
+
+
+class SnapshotQuery(_Body):
     limit: int = Field(100, ge=1, le=1000)
 
 

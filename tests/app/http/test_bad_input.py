@@ -15,6 +15,9 @@ BODY_ENDPOINTS = [
     ("PATCH", "/v1/tenants/{tenant}", {"disabled": False}, "admin"),
     ("POST", "/v1/tenants/{tenant}/keys", {"name": "k"}, "admin"),
     ("POST", "/v1/run", {"language": "fake", "code": "{}"}, "tenant"),
+    ("POST", "/v1/sandboxes", {"backend": "fake"}, "tenant"),
+    ("POST", "/v1/sandboxes/sbx_0/timeout", {"ttl_s": 60}, "tenant"),
+    ("POST", "/v1/sandboxes/sbx_0/fork", {"count": 1}, "tenant"),
 ]
 AUTH_ENDPOINTS = [
     ("POST", "/v1/tenants", "admin"),
@@ -28,6 +31,11 @@ AUTH_ENDPOINTS = [
     ("GET", "/v1/invocations", "tenant"),
     ("GET", "/v1/invocations/inv_0", "tenant"),
     ("GET", "/v1/runtimes", "tenant"),
+    ("POST", "/v1/sandboxes", "tenant"),
+    ("GET", "/v1/sandboxes", "tenant"),
+    ("GET", "/v1/sandboxes/sbx_0", "tenant"),
+    ("POST", "/v1/sandboxes/sbx_0/timeout", "tenant"),
+    ("GET", "/v1/snapshots", "tenant"),
 ]
 
 
@@ -256,3 +264,39 @@ def test_invocation_query_validation(client: TestClient, ctx: Any, query: str) -
 def test_tenant_list_query_validation(client: TestClient, query: str) -> None:
     response = client.get(f"/v1/tenants?{query}", headers=ADMIN)
     _assert_error(response, 422, "validation_error")
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "limit=0",
+        "limit=x",
+        "state=exploded",
+        "backend=NOT%20A%20BACKEND",
+        "image=",
+        "cursor=yesterday",
+        "cursor=" + "z" * 200,
+        "metadata.=x",
+        "metadata=episode%3D7",
+        "metadata.episode=7&metadata.episode=8",
+        "&".join(f"metadata.k{n}=v" for n in range(17)),
+        "bogus=1",
+    ],
+)
+def test_sandbox_list_query_validation(client: TestClient, ctx: Any, query: str) -> None:
+    response = client.get(f"/v1/sandboxes?{query}", headers=ctx["headers"])
+    _assert_error(response, 422, "validation_error")
+
+
+@pytest.mark.parametrize("query", ["limit=0", "state=live", "bogus=1"])
+def test_snapshot_list_query_validation(client: TestClient, ctx: Any, query: str) -> None:
+    response = client.get(f"/v1/snapshots?{query}", headers=ctx["headers"])
+    _assert_error(response, 422, "validation_error")
+
+
+def test_a_sandbox_past_the_lifetime_quota_is_refused(client: TestClient, new_tenant: Any) -> None:
+    tenant = new_tenant(max_sandbox_lifetime_seconds=60)
+    response = client.post(
+        "/v1/sandboxes", json={"backend": "fake", "ttl_s": 61}, headers=tenant["headers"]
+    )
+    _assert_error(response, 422, "lifetime_too_long")

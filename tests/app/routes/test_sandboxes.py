@@ -28,11 +28,20 @@ def add_busybox(images_dir: Path, name: str = "busybox") -> str:
 
 
 @pytest.fixture
+def sandbox_settings() -> dict[str, Any]:
+    """Settings of the gateway beyond the fake backend (a conftest may override it)."""
+    return {}
+
+
+@pytest.fixture
 def sandbox_client(
-    make_settings: Callable[..., Settings], stack: dict[str, Any], tmp_path: Path
+    make_settings: Callable[..., Settings],
+    stack: dict[str, Any],
+    tmp_path: Path,
+    sandbox_settings: dict[str, Any],
 ) -> Iterator[TestClient]:
     add_busybox(tmp_path / "data" / "images", "python")
-    settings = make_settings(sandbox_backends=["fake"], **stack)
+    settings = make_settings(sandbox_backends=["fake"], **sandbox_settings, **stack)
     with TestClient(create_app(settings)) as test_client:
         yield test_client
 
@@ -236,3 +245,117 @@ def test_a_streamed_exec_that_is_refused_is_an_error_answer(
     refused = client.post(f"{one}/exec", json={"cmd": ["echo"], "stream": True}, headers=headers)
     assert refused.status_code == 409, refused.text
     assert refused.json()["error"]["code"] == "sandbox_not_running"
+
+
+def _lifetime(client: TestClient, tenant: dict[str, Any], seconds: int) -> None:
+    from tests.conftest import ADMIN
+
+    quota = {"max_sandbox_lifetime_seconds": seconds, "max_concurrent_sandboxes": 8}
+    patched = client.patch(f"/v1/tenants/{tenant['id']}", json={"quota": quota}, headers=ADMIN)
+    assert patched.status_code == 200, patched.text
+
+
+def _refused_as_too_long(response: Any, limit: int) -> None:
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] == "lifetime_too_long"
+    assert error["details"]["max_sandbox_lifetime_seconds"] == limit
+
+
+def _lifespan(sbx: dict[str, Any]) -> float:
+    from datetime import datetime
+
+    ends = datetime.fromisoformat(sbx["expires_at"])
+    return (ends - datetime.fromisoformat(sbx["created_at"])).total_seconds()
+
+
+def test_a_create_may_not_outlive_the_lifetime_quota(
+    sandbox_client: TestClient, tenant: dict[str, Any]
+) -> None:
+    client, headers = sandbox_client, tenant["headers"]
+    _lifetime(client, tenant, 120)
+    asked = client.post("/v1/sandboxes", json={"backend": "fake", "ttl_s": 121}, headers=headers)
+    _refused_as_too_long(asked, 120)
+    assert client.get("/v1/sandboxes", headers=headers).json()["sandboxes"] == []
+    unasked = create(client, headers)  # the default TTL (300) is cut to the limit
+    assert _lifespan(unasked) < 300
+    snap = client.post(f"/v1/sandboxes/{unasked['id']}/snapshot", headers=headers).json()
+    from_snapshot = client.post(
+        "/v1/sandboxes", json={"snapshot_id": snap["id"], "ttl_s": 600}, headers=headers
+    )
+    _refused_as_too_long(from_snapshot, 120)
+
+    shorter = client.post(
+        f"/v1/sandboxes/{unasked['id']}/timeout", json={"ttl_s": 30}, headers=headers
+    )
+    assert shorter.status_code == 200 and _lifespan(shorter.json()) < _lifespan(unasked)
+
+    _lifetime(client, tenant, 3600)  # raised: the same requests now pass
+    assert _lifespan(create(client, headers, ttl_s=600)) > 590
+    assert create(client, headers, snapshot_id=snap["id"], ttl_s=600)["state"] == "running"
+
+
+@pytest.mark.parametrize("action", ["timeout", "fork"])
+def test_an_extension_past_the_lifetime_is_refused_until_the_quota_is_raised(
+    sandbox_client: TestClient, tenant: dict[str, Any], action: str
+) -> None:
+    client, headers = sandbox_client, tenant["headers"]
+    _lifetime(client, tenant, 120)
+    one = f"/v1/sandboxes/{create(client, headers, ttl_s=60)['id']}"
+    _refused_as_too_long(client.post(f"{one}/{action}", json={"ttl_s": 600}, headers=headers), 120)
+    assert client.get("/v1/snapshots", headers=headers).json()["snapshots"] == []  # none made
+    assert _lifespan(client.get(one, headers=headers).json()) < 120  # nor extended
+
+    _lifetime(client, tenant, 3600)
+    made = client.post(f"{one}/{action}", json={"ttl_s": 600}, headers=headers)
+    assert made.status_code in (200, 201), made.text
+    extended = made.json() if action == "timeout" else made.json()["sandboxes"][0]
+    assert _lifespan(extended) > 590
+
+
+def _ids(client: TestClient, headers: dict[str, str], **params: Any) -> list[str]:
+    response = client.get("/v1/sandboxes", params=params, headers=headers)
+    assert response.status_code == 200, response.text
+    return [s["id"] for s in response.json()["sandboxes"]]
+
+
+def test_the_list_filters_on_state_backend_image_and_metadata(
+    sandbox_client: TestClient, tenant: dict[str, Any]
+) -> None:
+    """In SQL, on SQLite and PostgreSQL: keys with quotes, dots and non-ASCII letters too."""
+    client, headers = sandbox_client, tenant["headers"]
+    _lifetime(client, tenant, 3600)
+    odd = {'a"b': "q", "x.y": "dot", "é": "ü", "n": "7"}
+    first = create(client, headers, metadata={"episode": "7", "split": "train"} | odd)["id"]
+    second = create(client, headers, metadata={"episode": "8", "split": "train"})["id"]
+    third = create(client, headers)["id"]
+    assert _ids(client, headers) == [third, second, first]  # newest first
+    assert _ids(client, headers, **{"metadata.split": "train"}) == [second, first]
+    both = {"metadata.split": "train", "metadata.episode": "8"}
+    assert _ids(client, headers, **both) == [second]
+    assert _ids(client, headers, **{"metadata.split": "train", "metadata.episode": "9"}) == []
+    for key, value in odd.items():
+        assert _ids(client, headers, **{f"metadata.{key}": value}) == [first], key
+    assert _ids(client, headers, **{"metadata.n": "07"}) == []  # strings, compared exactly
+    assert _ids(client, headers, backend="fake", image="python") == [third, second, first]
+    assert _ids(client, headers, backend="crun") == []
+    assert _ids(client, headers, image="busybox") == []
+    client.delete(f"/v1/sandboxes/{second}", headers=headers)
+    assert _ids(client, headers) == [third, first]
+    assert _ids(client, headers, state="stopped", **{"metadata.episode": "8"}) == [second]
+    assert _ids(client, headers, state="running", **{"metadata.episode": "8"}) == []
+
+
+def test_the_list_is_paged_by_cursor(sandbox_client: TestClient, tenant: dict[str, Any]) -> None:
+    client, headers = sandbox_client, tenant["headers"]
+    _lifetime(client, tenant, 3600)
+    made = [create(client, headers)["id"] for _ in range(3)]
+    seen: list[str] = []
+    params: dict[str, Any] = {"limit": 2}
+    for _ in range(3):
+        page = client.get("/v1/sandboxes", params=params, headers=headers).json()
+        seen += [s["id"] for s in page["sandboxes"]]
+        if page["next_cursor"] is None:
+            break
+        params["cursor"] = page["next_cursor"]
+    assert seen == made[::-1]
