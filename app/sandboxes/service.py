@@ -3,8 +3,10 @@
 A create is admitted against the tenant's ``max_concurrent_sandboxes`` (the row is
 written first and counted after, so two creates racing for the last place cannot both
 win), placed on a node that offers the backend (best of two by live sandboxes and free
-memory), and created there; the row then holds the node, the image digest and the
-phase timings. Every later operation is routed to that node. ``sync`` (run by the
+memory), and created there, the node sent the image's digest when the control plane's
+store knows its name (the node fetches a digest it lacks; ``app.images``) and the name
+as given otherwise; the row then keeps the name, and holds the node, the image digest
+and the phase timings. Every later operation is routed to that node. ``sync`` (run by the
 reconciler's loop) makes records and nodes agree: a record whose node no longer has the
 sandbox is stopped with the node's reason (expired, idle) or "lost"; a sandbox a node
 holds with no live record is destroyed.
@@ -25,6 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app.auth.principal import Principal
 from app.db.models import Sandbox, Snapshot
 from app.errors import ConcurrencyLimited, CorralError, NoCapacity, NodeUnavailable, NotFound
+from app.images.catalog import ControlImages
 from app.placement.catalogue import Catalogue
 from app.sandboxes.nodes import NodeClient
 from app.schemas.sandboxes import CreateSandbox
@@ -53,8 +56,10 @@ class Sandboxes:
         sessions: async_sessionmaker[AsyncSession],
         catalogue: Catalogue,
         node_token: str | None,
+        images: ControlImages,
     ) -> None:
         self._sessions = sessions
+        self._images = images
         self._catalogue = catalogue
         self._token = node_token
         self._clients: dict[tuple[str, str], NodeClient] = {}
@@ -151,13 +156,15 @@ class Sandboxes:
         try:
             if body.snapshot_id is not None:
                 node = await self._node_by_id(snapshot.node_id)
+                image = body.image  # unused: the node starts from the snapshot's digest
             else:
                 node = await self._place(body.backend)
+                image = await self._image_ref(body.image)
             spec = SandboxSpec(
                 sandbox_id=row.id,
                 tenant_id=tenant_id,
                 backend=body.backend,
-                image=body.image,
+                image=image,
                 cpu=body.cpu,
                 memory_mb=body.memory_mb,
                 disk_mb=body.disk_mb,
@@ -192,6 +199,13 @@ class Sandboxes:
             setup_ms=status.phases.setup_ms,
             start_ms=status.phases.start_ms,
         )
+
+    async def _image_ref(self, ref: str) -> str:
+        """What the node is sent for the image ``ref``: its digest when the control
+        plane's store knows it (the node fetches a digest it lacks), else ``ref`` as
+        given, for the node's own store to resolve (an image built on that node)."""
+        digest = await self._images.digest_of(ref)
+        return digest if digest is not None else ref
 
     async def _place(self, backend: str) -> NodeClient:
         nodes = [
