@@ -19,10 +19,12 @@ never rename one) and an HTTP ``status``.
     │   └── LifetimeTooLong          422 lifetime_too_long   (a sandbox's expiry)
     ├── PayloadTooLarge              413 payload_too_large
     ├── Unauthenticated              401 missing_api_key
-    │   └── InvalidApiKey            401 invalid_api_key
+    │   ├── InvalidApiKey            401 invalid_api_key
+    │   └── NodeTokenRequired        401 missing_node_token   (/internal/: nodes only)
     ├── Forbidden                    403 forbidden
     │   ├── AdminRequired            403 admin_required
-    │   └── TenantDisabled           403 tenant_disabled
+    │   ├── TenantDisabled           403 tenant_disabled
+    │   └── InvalidNodeToken         403 invalid_node_token
     ├── NotFound                     404 not_found
     │   ├── PathNotFound             404 path_not_found       (in a sandbox)
     │   └── ImageNotFound            404 image_not_found
@@ -39,6 +41,7 @@ never rename one) and an HTTP ``status``.
     │   ├── DatabaseUnavailable      503 database_unavailable
     │   ├── DispatchUnavailable      503 dispatch_unavailable
     │   ├── NodeUnavailable          503 node_unavailable     (the sandbox's node)
+    │   ├── ImageFetchFailed         503 image_fetch_failed   (node from control plane)
     │   └── UnsupportedRuntime       400 unsupported_runtime
     └── ExecutionTimeout             504 execution_timeout
 """
@@ -153,6 +156,19 @@ class TenantDisabled(Forbidden):
     code, default_message = "tenant_disabled", "the tenant is disabled"
 
 
+class NodeTokenRequired(Unauthenticated):
+    """A node-only endpoint (``/internal/``) was called without the node token."""
+
+    code, default_message = "missing_node_token", "the node token is required"
+
+
+class InvalidNodeToken(Forbidden):
+    """The token presented to a node-only endpoint is not this gateway's node token (or
+    the gateway has none, so nothing matches)."""
+
+    code, default_message = "invalid_node_token", "the node token is not valid"
+
+
 class NotFound(CorralError):
     status, code, default_message = 404, "not_found", "not found"
 
@@ -243,6 +259,12 @@ class NodeUnavailable(Unavailable):
 
 class BackendUnavailable(Unavailable):
     code, default_message = "backend_unavailable", "the node cannot give this sandbox what it asks"
+
+
+class ImageFetchFailed(Unavailable):
+    """The node lacks the image and could not fetch it from the control plane."""
+
+    code, default_message = "image_fetch_failed", "the node could not fetch the image"
 
 
 class NoCapacity(Unavailable):

@@ -17,6 +17,7 @@ from app.http.errors import HANDLERS
 from app.http.listeners import serving_keyless
 from app.http.middleware import BodySizeLimit, RequestMetrics
 from app.http.openapi import build
+from app.images import routes as images
 from app.metrics import Metrics
 from app.routes import ENDPOINTS
 from app.services import open_services
@@ -40,7 +41,7 @@ def create_app(settings: Settings | None = None, *, with_node: bool = True) -> S
                 yield
 
     app = Starlette(
-        routes=[*(ep.route() for ep in ENDPOINTS), *e2b.routes()],
+        routes=[*(ep.route() for ep in ENDPOINTS), *e2b.routes(), *images.routes()],
         middleware=[
             Middleware(RequestMetrics, metrics=metrics),
             Middleware(BodySizeLimit, limit=settings.max_body_bytes),

@@ -33,6 +33,7 @@ from app.failpoints import Failpoints
 from app.functions.artifacts import ArtifactCache
 from app.functions.schema import Validators
 from app.http.auth import Authenticator
+from app.images.catalog import ControlImages
 from app.invocations.leader import election_for
 from app.invocations.reconciler import Policy, Reconciler
 from app.invocations.recorder import Recorder
@@ -77,6 +78,7 @@ class Services:
     recorder: Recorder
     reconciler: Reconciler
     sandboxes: Sandboxes
+    images: ControlImages
     redis: Redis | None = None
     node: NodeAgent | None = None
     #: Per-process caches of the tool-function path: artifacts by (tenant, hash), and
@@ -195,10 +197,12 @@ async def open_services(
             # the embedded node and this gateway share a token made for this process
             settings.node.node_token = SecretStr(secrets.token_urlsafe(32))
         token = settings.node.node_token
+        images = ControlImages(settings.resolved_images_dir)
         sandboxes = Sandboxes(
             sessions=sessions,
             catalogue=catalogue,
             node_token=token.get_secret_value() if token is not None else None,
+            images=images,
             meter_every_s=settings.sandbox_meter_seconds,
         )
         stack.push_async_callback(sandboxes.close)
@@ -224,6 +228,7 @@ async def open_services(
             recorder=recorder,
             reconciler=reconciler,
             sandboxes=sandboxes,
+            images=images,
             redis=redis,
         )
         stack.callback(services.validators.close)

@@ -94,6 +94,13 @@ class Settings(DatabaseSettings):
         "user may connect). Unset: no such socket.",
     )
     run_migrations: bool = Field(True, description="Run `alembic upgrade head` at startup.")
+    images_dir: Path | None = Field(
+        None,
+        description="The control plane's image store (runtimes/images), filled by `corral "
+        "images build|import` on this host: creates resolve image names here and send "
+        "nodes the digest, which nodes fetch from here when they lack it. Default: the "
+        "embedded node's (<data_dir>/images), so `corral serve` keeps one store.",
+    )
 
     # --- admission ---------------------------------------------------------------------
     admission_queue_seconds: float = Field(
@@ -229,6 +236,10 @@ class Settings(DatabaseSettings):
                     f"CORRAL_TRUSTED_PROXIES: {entry!r} is not an IP address or network"
                 ) from None
         return self
+
+    @property
+    def resolved_images_dir(self) -> Path:
+        return self.images_dir if self.images_dir is not None else self.node.resolved_images_dir
 
     @property
     def proxies(self) -> list[str]:

@@ -84,6 +84,8 @@ def redis_url() -> Iterator[str]:
 
 #: Settings of the node agent a test gateway embeds (the rest are the gateway's).
 NODE_ONLY = frozenset(NodeSettings.model_fields) - frozenset(Settings.model_fields)
+#: Settings both planes have that are one thing when embedded (as one variable sets both).
+SHARED = frozenset({"images_dir"})
 
 
 def node_settings(data_dir: Path, **overrides: Any) -> NodeSettings:
@@ -101,10 +103,12 @@ def node_settings(data_dir: Path, **overrides: Any) -> NodeSettings:
 @pytest.fixture
 def make_settings(tmp_path: Path) -> Callable[..., Settings]:
     """Gateway settings for tests; node-only settings (``runtimes``, ``node_slots``, ...)
-    go to the embedded node's settings."""
+    go to the embedded node's settings, shared ones (``images_dir``) to both; ``node``
+    replaces the embedded node's settings whole."""
 
     def make(**overrides: Any) -> Settings:
         node = {k: overrides.pop(k) for k in list(overrides) if k in NODE_ONLY}
+        node |= {k: overrides[k] for k in SHARED & set(overrides)}
         data_dir = overrides.get("data_dir", tmp_path / "data")
         values: dict[str, Any] = {
             "dev_mode": True,
@@ -202,9 +206,9 @@ def live_server(make_settings: Callable[..., Settings]) -> Iterator[Callable[...
     """Start Corral on a real uvicorn server in a thread, configured as ``corral serve``
     configures it (``app.http.listeners.api_config``); returns the API's base URL.
 
-    For clients that need a real socket (requests-based SDKs). With ``keyless_port`` (and
-    ``default_tenant``) the app also serves its keyless listener there:
-    ``keyless_url(port)``.
+    For clients that need a real socket (requests-based SDKs); ``port`` chooses its port
+    (default: a free one). With ``keyless_port`` (and ``default_tenant``) the app also
+    serves its keyless listener there: ``keyless_url(port)``.
     """
     import threading
     import time
@@ -217,7 +221,7 @@ def live_server(make_settings: Callable[..., Settings]) -> Iterator[Callable[...
     data_dirs: list[Path] = []
 
     def start(**overrides: Any) -> str:
-        port = free_port()
+        port = overrides.pop("port", None) or free_port()
         settings = make_settings(port=port, **overrides)
         server = uvicorn.Server(
             api_config(create_app(settings), settings, log_level="warning", lifespan="on")

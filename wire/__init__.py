@@ -3,6 +3,8 @@
 The control plane (``app``) and the data plane (``runtimes``) each import this package;
 it imports neither. Everything that crosses a process boundary between them is defined
 here: what an execution asks for and returns (``execution``), the messages on the
-dispatch wire (``messages``), the name of every Redis key (``keys``) and identifiers
-(``ids``). All of it travels as JSON, never pickle.
+dispatch wire (``messages``), the name of every Redis key (``keys``), identifiers
+(``ids``), a node's sandbox API (``sandboxes``, ``processes``) and how a node fetches an
+image from the control plane (``images``). All of it travels as JSON (an image's files as
+a tar), never pickle.
 """

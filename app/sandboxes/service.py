@@ -3,9 +3,11 @@
 A create is admitted against the tenant's ``max_concurrent_sandboxes`` (the row is
 written first and counted after, so two creates racing for the last place cannot both
 win) and its ``max_sandbox_lifetime_seconds`` (``app.sandboxes.lifetime``, which judges
-timeouts too), placed on a node that offers the backend (best of two by live sandboxes and free
-memory), and created there; the row then holds the node, the image digest and the
-phase timings. Every later operation is routed to that node. ``sync`` (run by the
+timeouts too), placed on a node that offers the backend (best of two by live sandboxes
+and free memory), and created there, the node sent the image's digest when the control
+plane's store knows its name (the node fetches a digest it lacks; ``app.images``) and
+the name as given otherwise; the row then keeps the name, and holds the node, the image
+digest and the phase timings. Every later operation is routed to that node. ``sync`` (run by the
 reconciler's loop) makes records and nodes agree: a record whose node no longer has the
 sandbox is stopped with the node's reason (expired, idle) or "lost"; a sandbox a node
 holds with no live record is destroyed. Then it records the usage of live sandboxes,
@@ -35,6 +37,7 @@ from app.errors import (
     NodeUnavailable,
     NotFound,
 )
+from app.images.catalog import ControlImages
 from app.placement.catalogue import Catalogue
 from app.sandboxes import lifetime, listing, metering
 from app.sandboxes.listing import LIVE
@@ -64,9 +67,11 @@ class Sandboxes:
         sessions: async_sessionmaker[AsyncSession],
         catalogue: Catalogue,
         node_token: str | None,
+        images: ControlImages,
         meter_every_s: float = 60.0,
     ) -> None:
         self._sessions = sessions
+        self._images = images
         self._meter_every_s = meter_every_s
         self._catalogue = catalogue
         self._token = node_token
@@ -188,13 +193,15 @@ class Sandboxes:
         try:
             if body.snapshot_id is not None:
                 node = await self._node_by_id(snapshot.node_id)
+                image = body.image  # unused: the node starts from the snapshot's digest
             else:
                 node = await self._place(body.backend)
+                image = await self._image_ref(body.image)
             spec = SandboxSpec(
                 sandbox_id=row.id,
                 tenant_id=tenant_id,
                 backend=body.backend,
-                image=body.image,
+                image=image,
                 cpu=body.cpu,
                 memory_mb=body.memory_mb,
                 disk_mb=body.disk_mb,
@@ -238,6 +245,13 @@ class Sandboxes:
         if left <= 0:
             raise LifetimeTooLong(f"sandbox {row.id} reached its lifetime before it started")
         return min(ttl_s, left)
+
+    async def _image_ref(self, ref: str) -> str:
+        """What the node is sent for the image ``ref``: its digest when the control
+        plane's store knows it (the node fetches a digest it lacks), else ``ref`` as
+        given, for the node's own store to resolve (an image built on that node)."""
+        digest = await self._images.digest_of(ref)
+        return digest if digest is not None else ref
 
     async def _place(self, backend: str) -> NodeClient:
         nodes = [

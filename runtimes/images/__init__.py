@@ -3,6 +3,7 @@
 Modules, one concept each:
 
 * ``store``        ``ImageStore``: images on disk by digest, names, atomic add, remove
+* ``fetch``        ``ImageFetcher``: a digest the node lacks, from the control plane
 * ``digest``       the deterministic digest (and size) of a tree
 * ``recipes``      ``Recipe`` and the built-in ones (``python``)
 * ``debootstrap``  building a recipe from Debian's packages
@@ -20,7 +21,7 @@ The data plane's own: nothing here imports the control plane. See docs/images.md
 
 from __future__ import annotations
 
-from runtimes.images.errors import ImageBuildError, ImageError, ImageNotFound
+from runtimes.images.errors import ImageBuildError, ImageError, ImageFetchError, ImageNotFound
 from runtimes.images.progress import Progress
 from runtimes.images.recipes import RECIPES, Recipe
 from runtimes.images.store import Image, ImageMeta, ImageStore
@@ -30,6 +31,7 @@ __all__ = [
     "Image",
     "ImageBuildError",
     "ImageError",
+    "ImageFetchError",
     "ImageMeta",
     "ImageNotFound",
     "ImageStore",

@@ -2,8 +2,10 @@
 
     ImageError
     ├── ImageNotFound     no image has that name or digest
-    └── ImageBuildError   a build, an import or an add failed (the message says which
-                          step and why); nothing half-made is left visible
+    ├── ImageBuildError   a build, an import or an add failed (the message says which
+    │                     step and why); nothing half-made is left visible
+    └── ImageFetchError   the control plane could not be reached, refused, or sent a tree
+                          that is not the digest asked for; nothing of it is kept
 
 A failing tool (debootstrap, skopeo, umoci, a RUN command) is converted here at the
 seam, with ``raise ImageBuildError(...) from exc`` where there is a Python exception.
@@ -22,3 +24,7 @@ class ImageNotFound(ImageError, LookupError):
 
 class ImageBuildError(ImageError):
     """Building, importing or adding an image failed."""
+
+
+class ImageFetchError(ImageError):
+    """Fetching an image from the control plane failed."""

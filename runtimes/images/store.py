@@ -13,6 +13,8 @@ path: overlayfs's ``lowerdir=`` uses ``:`` as its separator). An image becomes v
 in one ``rename`` of a complete staging directory, so a half-made image never is; a name
 is written only after the image it points to is in place. The same tree always gives
 the same digest (``digest.py``), and adding a tree whose digest exists reuses it.
+``add_verified`` adds a tree that must be a given digest (one fetched from the control
+plane), recomputed and refused if it is not, and writes no name.
 """
 
 from __future__ import annotations
@@ -31,13 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from runtimes.images.digest import summarize
+from runtimes.images.digest import TreeSummary, summarize
 from runtimes.images.errors import ImageBuildError, ImageError, ImageNotFound
 from runtimes.images.fsutil import copy_tree, remove_tree
 
 log = logging.getLogger(__name__)
 
-Source = Literal["debootstrap", "import", "dockerfile"]
+Source = Literal["debootstrap", "import", "dockerfile", "fetched"]
 
 NAMES_DIR = "names"
 STAGING_DIR = ".staging"
@@ -180,20 +182,51 @@ class ImageStore:
         copied. Any other tree is copied first (``cp -a --reflink=auto``).
         """
         check_name(meta.name)
-        box = staging_dir.parent
-        if box.parent.resolve() != self._staging.resolve() or staging_dir.name != ROOTFS_DIR:
+        if not self._is_staging(staging_dir):
             with self.staging() as rootfs:
                 rootfs.rmdir()
                 copy_tree(staging_dir, rootfs)
                 return self.add(rootfs, meta)
         summary = summarize(staging_dir)
+        hex_ = self._commit(staging_dir, meta, summary, created=time.time())
+        self._write_name(meta.name, summary.digest)
+        return self._load(hex_, name=meta.name)
+
+    def add_verified(
+        self, staging_dir: Path, meta: ImageMeta, *, digest: str, created: float
+    ) -> Image:
+        """Record the tree at ``staging_dir`` (from ``staging()``) as the image
+        ``digest``, which its recomputed digest must be: a tree whose digest differs is
+        refused (``ImageBuildError``) and left to ``staging()`` to remove. No name is
+        written: ``meta.name`` is only recorded in ``image.json`` as the name the image
+        was first added under (an image fetched from the control plane)."""
+        if not self._is_staging(staging_dir):
+            raise ImageBuildError(f"{staging_dir} is not a staging directory of this store")
+        summary = summarize(staging_dir)
+        if summary.digest != digest:
+            raise ImageBuildError(
+                f"refused: the tree's digest is {summary.digest}, not the {digest} asked for"
+            )
+        hex_ = self._commit(staging_dir, meta, summary, created=created)
+        return self._load(hex_, name=None)
+
+    def _is_staging(self, staging_dir: Path) -> bool:
+        box = staging_dir.parent
+        return box.parent.resolve() == self._staging.resolve() and staging_dir.name == ROOTFS_DIR
+
+    def _commit(
+        self, staging_dir: Path, meta: ImageMeta, summary: TreeSummary, *, created: float
+    ) -> str:
+        """Write ``image.json`` beside the staged tree and move its box into place in one
+        rename (or reuse an image of that digest); the digest's hex."""
+        box = staging_dir.parent
         hex_ = summary.digest.removeprefix(_DIGEST_PREFIX)
         record: dict[str, Any] = {
             "name": meta.name,
             "digest": summary.digest,
             "size_bytes": summary.size_bytes,
             "entries": summary.entries,
-            "created": time.time(),
+            "created": created,
             "source": meta.source,
             "packages": builtins.list(meta.packages),
             "env": dict(meta.env),
@@ -213,8 +246,7 @@ class ImageStore:
                 raise ImageBuildError(f"cannot move the image into {final}: {exc}") from exc
             log.info("image %s: digest %s exists, reused", meta.name, summary.digest)
             remove_tree(box)
-        self._write_name(meta.name, summary.digest)
-        return self._load(hex_, name=meta.name)
+        return hex_
 
     def tag(self, name: str, ref: str) -> Image:
         """Point ``name`` at the image ``ref`` names."""

@@ -38,6 +38,13 @@ class NodeSettings(BaseSettings):
         description="Where the container images are kept (runtimes/images); default: "
         "<data_dir>/images. Point several checkouts at one directory to share a cache.",
     )
+    control_url: str | None = Field(
+        None,
+        description="Base URL of the control plane (a gateway, e.g. http://gateway:8080) a "
+        "separate node fetches the images it lacks from, by digest, with its node token; "
+        "several, comma-separated, are tried in order. Unset: nothing is fetched (embedded "
+        "in `corral serve`, the node shares the gateway's image store).",
+    )
     node_slots: int = Field(
         0,
         ge=0,
@@ -150,6 +157,10 @@ class NodeSettings(BaseSettings):
     @property
     def resolved_images_dir(self) -> Path:
         return self.images_dir if self.images_dir is not None else self.data_dir / "images"
+
+    @property
+    def control_urls(self) -> list[str]:
+        return [url.strip() for url in (self.control_url or "").split(",") if url.strip()]
 
     @property
     def resolved_memory_mb(self) -> int:

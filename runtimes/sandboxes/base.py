@@ -17,6 +17,7 @@ the node's API answers with (the gateway maps it to its own errors):
     ├── SnapshotInUse         409 snapshot_in_use
     ├── FileTooLarge          413 file_too_large
     ├── ImageUnavailable      404 image_not_found
+    ├── ImageFetchFailed      503 image_fetch_failed    (from the control plane)
     ├── NodeFull              503 no_capacity
     └── BackendUnavailable    503 backend_unavailable
 """
@@ -90,6 +91,12 @@ class FileTooLarge(SandboxError):
 
 class ImageUnavailable(SandboxError):
     status, code = 404, "image_not_found"
+
+
+class ImageFetchFailed(SandboxError):
+    """The node lacks the image and could not fetch it from the control plane."""
+
+    status, code = 503, "image_fetch_failed"
 
 
 class BackendUnavailable(SandboxError):

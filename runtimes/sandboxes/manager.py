@@ -93,6 +93,7 @@ class SandboxManager:
         self.limits = limits or CreateLimits()
         self._create_slots = asyncio.Semaphore(self.limits.concurrency)
         self._queued = 0
+        self._resolving: dict[str, asyncio.Future[RootImage]] = {}
 
     # --- start and stop -------------------------------------------------------------------
     async def start(self) -> None:
@@ -118,7 +119,7 @@ class SandboxManager:
         if self._warm_wanted:
             targets = {}
             for ref, count in self._warm_wanted.items():
-                image = await asyncio.to_thread(self._resolve_image, ref)
+                image = await self._image(ref)
                 for name in self.backends:
                     targets[WarmFactory.key(name, image.digest)] = (name, image, count)
             self._warm = WarmPool(self.backends, targets, max_warm=self._max_warm)
@@ -177,10 +178,10 @@ class SandboxManager:
         began = time.monotonic()
         if spec.snapshot_id is not None:
             snapshot = self._snapshot(spec.snapshot_id, tenant_id=spec.tenant_id)
-            base = await asyncio.to_thread(self._resolve_image, snapshot.image_digest)
+            base = await self._image(snapshot.image_digest)
             image = dataclasses.replace(base, layers=self._layers(backend, spec.snapshot_id))
         else:
-            image = await asyncio.to_thread(self._resolve_image, spec.image)
+            image = await self._image(spec.image)
         image_ms = (time.monotonic() - began) * 1000
         now = self._clock()
         status = SandboxStatus(
@@ -216,6 +217,23 @@ class SandboxManager:
             image_ms + phases.setup_ms + phases.start_ms,
         )
         return status
+
+    async def _image(self, ref: str) -> RootImage:
+        """The image ``ref``, resolved on a thread (it may be fetched from the control
+        plane); creates that need one ref at once share one resolve, so a missing image
+        is fetched once and the creates waiting for it hold no threads."""
+        shared = self._resolving.get(ref)
+        if shared is None:
+            shared = asyncio.ensure_future(asyncio.to_thread(self._resolve_image, ref))
+            self._resolving[ref] = shared
+            shared.add_done_callback(lambda done: self._resolved(ref, done))
+        return await asyncio.shield(shared)
+
+    def _resolved(self, ref: str, done: asyncio.Future[RootImage]) -> None:
+        if self._resolving.get(ref) is done:
+            del self._resolving[ref]
+        if not done.cancelled():
+            done.exception()  # retrieved: every waiter may have gone
 
     async def _make(self, backend: SandboxBackend, spec: SandboxSpec, image: RootImage) -> Phases:
         """A claim of a warm sandbox of the image when the pool has one for it (the

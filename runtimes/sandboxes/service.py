@@ -6,20 +6,27 @@ from collections.abc import Callable
 from pathlib import Path
 
 from runtimes.node.settings import NodeSettings
-from runtimes.sandboxes.base import ImageUnavailable, RootImage, create_backend
+from runtimes.sandboxes.base import ImageFetchFailed, ImageUnavailable, RootImage, create_backend
 from runtimes.sandboxes.manager import CreateLimits, SandboxManager
 
 
-def image_store_resolver(images_dir: Path) -> Callable[[str], RootImage]:
-    """Images by name or digest from the node's image store (``runtimes.images``)."""
-    from runtimes.images.errors import ImageError
+def image_store_resolver(
+    images_dir: Path, *, control_urls: list[str] | None = None, token: str | None = None
+) -> Callable[[str], RootImage]:
+    """Images by name or digest from the node's image store (``runtimes.images``); with
+    ``control_urls`` (and the node token), a digest the store lacks is fetched from the
+    control plane."""
+    from runtimes.images.errors import ImageError, ImageFetchError
+    from runtimes.images.fetch import ImageFetcher
     from runtimes.images.store import ImageStore
 
-    store = ImageStore(images_dir)
+    fetcher = ImageFetcher(ImageStore(images_dir), control_urls or [], token or "")
 
     def resolve(ref: str) -> RootImage:
         try:
-            image = store.resolve(ref)
+            image = fetcher.resolve(ref)
+        except ImageFetchError as exc:
+            raise ImageFetchFailed(str(exc)) from exc
         except ImageError as exc:
             raise ImageUnavailable(str(exc)) from exc
         return RootImage(
@@ -40,7 +47,10 @@ def build_manager(
         for alias, real in dict(settings.fake.get("sandbox_aliases", {})).items():
             backends[str(alias)] = backends[str(real)]
     if resolve_image is None:
-        resolve_image = image_store_resolver(settings.resolved_images_dir)
+        token = settings.node_token.get_secret_value() if settings.node_token else None
+        resolve_image = image_store_resolver(
+            settings.resolved_images_dir, control_urls=settings.control_urls, token=token
+        )
     return SandboxManager(
         backends,
         resolve_image,

@@ -18,6 +18,7 @@ from app.main import create_app
 from app.settings import Settings
 from runtimes.images.store import ImageMeta, ImageStore
 from tests.runtimes.sandboxes.conftest import make_rootfs
+from wire.sandboxes import SandboxSpec
 
 
 def add_busybox(images_dir: Path, name: str = "busybox") -> str:
@@ -359,3 +360,84 @@ def test_the_list_is_paged_by_cursor(sandbox_client: TestClient, tenant: dict[st
             break
         params["cursor"] = page["next_cursor"]
     assert seen == made[::-1]
+
+
+def node_spec(client: TestClient, sandbox_id: str) -> SandboxSpec:
+    """The spec the embedded node's fake backend was given."""
+    backend = client.app.state.services.node.sandboxes.backends["fake"]  # type: ignore[attr-defined]
+    spec: SandboxSpec = backend.sandboxes[sandbox_id].spec
+    return spec
+
+
+def test_the_node_is_sent_the_digest_of_the_image_name(
+    sandbox_client: TestClient, tenant: dict[str, Any]
+) -> None:
+    client, headers = sandbox_client, tenant["headers"]
+    sbx = create(client, headers, image="python")
+    assert sbx["image"] == "python" and sbx["image_digest"].startswith("sha256:")
+    assert node_spec(client, sbx["id"]).image == sbx["image_digest"]
+    by_prefix = create(client, headers, image=sbx["image_digest"][:16])
+    assert node_spec(client, by_prefix["id"]).image == sbx["image_digest"]
+
+
+def test_an_image_only_the_node_knows_is_sent_by_name(
+    make_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    """The control plane's store lacks it: the node resolves the name (built on it)."""
+    from tests.conftest import ADMIN, node_settings
+
+    add_busybox(tmp_path / "data" / "images", "local")  # the node's store
+    node = node_settings(tmp_path / "data", sandbox_backends=["fake"])
+    settings = make_settings(node=node, images_dir=tmp_path / "gateway-images")
+    with TestClient(create_app(settings)) as client:
+        made = client.post("/v1/tenants", json={"name": "local-images"}, headers=ADMIN).json()
+        headers = {"Authorization": f"Bearer {made['key']['api_key']}"}
+        sbx = create(client, headers, image="local")
+        assert node_spec(client, sbx["id"]).image == "local"
+        assert sbx["image_digest"].startswith("sha256:")
+
+
+@pytest.mark.parametrize("backend", ["fake", pytest.param("crun", marks=pytest.mark.crun)])
+def test_a_node_fetches_an_image_it_lacks_from_the_control_plane(
+    live_server: Callable[..., str], tmp_path: Path, backend: str
+) -> None:
+    """Real HTTP both ways: the gateway sends the digest of ``base`` (its store only), the
+    node (its own store, ``control_url`` the gateway) fetches it and creates from it."""
+    import httpx
+    from pydantic import SecretStr
+
+    from tests.conftest import ADMIN, free_port, node_settings
+
+    digest = add_busybox(tmp_path / "gateway-images", "base")
+    port = free_port()
+    node = node_settings(
+        tmp_path / "data",
+        sandbox_backends=[backend],
+        node_token=SecretStr("t" * 32),
+        images_dir=tmp_path / "node-images",
+        control_url=f"http://127.0.0.1:{port}",
+    )
+    url = live_server(port=port, node=node, images_dir=tmp_path / "gateway-images")
+    with httpx.Client(base_url=url, timeout=60) as http:
+        made = http.post("/v1/tenants", json={"name": "fetching"}, headers=ADMIN).json()
+        headers = {"Authorization": f"Bearer {made['key']['api_key']}"}
+        deadline = time.monotonic() + 10
+        while True:
+            response = http.post(
+                "/v1/sandboxes", json={"backend": backend, "image": "base"}, headers=headers
+            )
+            if response.status_code != 503 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)  # the node's first report is on its way
+        assert response.status_code == 201, response.text
+        sbx = response.json()
+        assert (sbx["image"], sbx["image_digest"]) == ("base", digest)
+        assert sbx["timings"]["image_ms"] is not None
+        one = f"/v1/sandboxes/{sbx['id']}"
+        if backend == "crun":  # the fetched tree is the sandbox's root
+            ran = http.post(f"{one}/exec", json={"cmd": ["cat", "/etc/secret"]}, headers=headers)
+            assert ran.json()["stdout"] == "image-only\n", ran.text
+        http.delete(one, headers=headers)
+    kept = ImageStore(tmp_path / "node-images")
+    assert [(i.digest, i.source) for i in kept.list()] == [(digest, "fetched")]
+    assert kept.names() == []

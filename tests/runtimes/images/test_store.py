@@ -174,3 +174,30 @@ def test_remove_tree_refuses_to_delete_through_a_mount(tmp_path: Path) -> None:
         subprocess.run(["umount", str(target)], check=True)
     remove_tree(tmp_path / "box")
     assert not (tmp_path / "box").exists()
+
+
+def test_add_verified_keeps_a_tree_of_the_digest_without_a_name(
+    store: ImageStore, tmp_path: Path
+) -> None:
+    digest = ImageStore(tmp_path / "other").add(tree(tmp_path / "src"), meta("base")).digest
+    with store.staging() as rootfs:
+        tree(rootfs)
+        image = store.add_verified(
+            rootfs, meta("base", env={"A": "1"}), digest=digest, created=123.0
+        )
+    assert image.digest == digest and image.created == 123.0 and image.env == {"A": "1"}
+    assert store.names() == [], "a verified add writes no name"
+    assert store.resolve(digest).name == "base", "the name it was first added under"
+    assert staging_entries(store) == []
+
+
+def test_add_verified_refuses_another_tree_and_keeps_nothing(
+    store: ImageStore, tmp_path: Path
+) -> None:
+    digest = ImageStore(tmp_path / "other").add(tree(tmp_path / "src"), meta("base")).digest
+    with pytest.raises(ImageBuildError, match="not the sha256:"), store.staging() as rootfs:
+        tree(rootfs, "tampered\n")
+        store.add_verified(rootfs, meta("base"), digest=digest, created=1.0)
+    assert store.list() == [] and staging_entries(store) == []
+    with pytest.raises(ImageBuildError, match="not a staging directory"):
+        store.add_verified(tree(tmp_path / "outside"), meta("x"), digest=digest, created=1.0)

@@ -241,3 +241,37 @@ async def test_a_burst_beyond_capacity_waits_in_a_bounded_queue_then_fails_clear
         assert m.room() == 0
     finally:
         await m.close()
+
+
+async def test_creates_of_one_image_share_one_resolve(tmp_path: Path) -> None:
+    """A missing image is fetched once however many creates want it at once."""
+    import asyncio
+    import threading
+
+    calls: list[str] = []
+    release = threading.Event()
+    asked = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def slow_resolve(ref: str) -> RootImage:
+        calls.append(ref)
+        loop.call_soon_threadsafe(asked.set)
+        release.wait(10)  # held until every create has asked
+        return IMAGE
+
+    m = SandboxManager({"fake": FakeSandboxBackend()}, slow_resolve, state_dir=tmp_path / "records")
+    await m.start()
+    try:
+        creates = [
+            asyncio.create_task(m.create(spec(f"s-{i}", backend="fake", image=IMAGE.digest)))
+            for i in range(3)
+        ]
+        await asyncio.wait_for(asked.wait(), 10)
+        for _ in range(100):  # the other creates reach the resolve (no I/O on their way)
+            await asyncio.sleep(0)
+        release.set()
+        statuses = await asyncio.gather(*creates)
+        assert calls == [IMAGE.digest]
+        assert {s.image_digest for s in statuses} == {IMAGE.digest}
+    finally:
+        await m.close()
