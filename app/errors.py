@@ -276,6 +276,10 @@ class UnsupportedRuntime(Unavailable):
     default_message = "no node offers this runtime or language"
 
 
+class Unsupported(CorralError):
+    status, code, default_message = 501, "unsupported", "the sandbox's backend cannot do this"
+
+
 class ExecutionTimeout(CorralError):
     status, code = 504, "execution_timeout"
     default_message = "the execution did not finish in time; its result will be stored"

@@ -69,7 +69,9 @@ class Api:
 
     async def exec(self, sandbox_id: str, cmd: list[str]) -> dict[str, Any]:
         response = await self.http.post(f"/v1/sandboxes/{sandbox_id}/exec", json={"cmd": cmd})
-        response.raise_for_status()
+        if response.status_code != 200:
+            record = (await self.http.get(f"/v1/sandboxes/{sandbox_id}")).text
+            raise RuntimeError(f"exec {response.status_code} {response.text}; record: {record}")
         result: dict[str, Any] = response.json()
         if result["exit_code"] != 0:
             raise RuntimeError(f"exec failed: {result}")

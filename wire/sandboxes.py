@@ -271,3 +271,24 @@ class SandboxInventory(_Message):
 
     node_id: str
     sandboxes: list[SandboxStatus]
+
+
+class FsEventType(StrEnum):
+    CREATE = "create"  #: made, or moved in
+    WRITE = "write"
+    REMOVE = "remove"
+    RENAME = "rename"  #: moved away (its new name, if in the directory, is a create)
+    CHMOD = "chmod"  #: mode, owner or times
+
+
+class FsEvent(_Message):
+    """A change in a watched directory."""
+
+    name: str  #: the entry's name, relative to the watched directory
+    type: FsEventType
+
+
+class WatchEvents(_Message):
+    events: list[FsEvent]
+    dropped: int = 0  #: events lost because the watcher was not read fast enough
+    ended: bool = False  #: the directory is gone (removed, or its sandbox ended)

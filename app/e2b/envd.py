@@ -9,13 +9,16 @@ is authenticated (``app.e2b.auth``), routed to the node that holds the sandbox t
     /process.Process/List|SendSignal|SendInput|CloseStdin     unary
     /process.Process/StreamInput            client stream of stdin
     /filesystem.Filesystem/Stat|ListDir|MakeDir|Move|Remove   unary
+    /filesystem.Filesystem/CreateWatcher|GetWatcherEvents|RemoveWatcher   unary (one
+                                            directory, not recursive: the node's inotify)
+    /filesystem.Filesystem/WatchDir         server stream: the same watcher, polled
     GET /files?path=&username=              the file's bytes
     POST /files?path=&username=             octet-stream or multipart upload -> [WriteInfo]
     GET /health                             204 running, 502 "... was not found" if not
 
 A command runs as ``/bin/bash -l -c CMD`` (what the SDK sends) and outlives the stream
 that started it; ``Connect-Timeout-Ms`` is its timeout, which kills its whole session, as
-envd does. PTYs, ``Update`` and directory watching are refused (``unimplemented``).
+envd does. PTYs, ``Update`` and recursive watching are refused (``unimplemented``).
 """
 
 from __future__ import annotations
@@ -48,7 +51,15 @@ from app.e2b.errors import (
 from app.errors import BadRequest, InvalidPath, NotFound, PayloadTooLarge
 from app.sandboxes.nodes import NodeClient
 from wire.processes import ProcessInfo, StartProcess
-from wire.sandboxes import ExecEvent, ExecExit, ExecOutput, ExecRequest, ExecStarted, FileEntry
+from wire.sandboxes import (
+    ExecEvent,
+    ExecExit,
+    ExecOutput,
+    ExecRequest,
+    ExecStarted,
+    FileEntry,
+    FsEvent,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +69,8 @@ KEEPALIVE_DEFAULT_S = 50.0
 MAX_FILE_BYTES = 256 << 20
 #: a background process's output kept over its whole life (the rest is counted, dropped)
 PROCESS_OUTPUT_BYTES = 64 << 20
+#: how often a WatchDir stream asks the node for its watcher's events
+WATCH_POLL_S = 0.1
 SIGNALS = {"SIGNAL_SIGKILL": signal.SIGKILL, "SIGNAL_SIGTERM": signal.SIGTERM, 9: 9, 15: 15}
 _FILE_TYPES = {
     "file": "FILE_TYPE_FILE",
@@ -373,8 +386,71 @@ async def fs_remove(request: Request) -> Response:
     return connect.unary_response({})
 
 
-async def fs_unsupported(request: Request) -> Response:
-    raise NotSupported("watching directories is not supported by Corral")
+def _fs_event(event: FsEvent) -> Message:
+    return {"name": event.name, "type": f"EVENT_TYPE_{event.type.value.upper()}"}
+
+
+def _watched(request: Request, caller: SandboxCaller, message: Message) -> str:
+    if message.get("recursive"):
+        raise NotSupported("recursive watching is not supported by Corral")
+    return _path(request, caller, message.get("path"))
+
+
+async def fs_create_watcher(request: Request) -> Response:
+    caller, node = await _node(request)
+    message = await connect.unary_request(request)
+    watcher_id = await node.watch(caller.sandbox_id, _watched(request, caller, message))
+    return connect.unary_response({"watcherId": watcher_id})
+
+
+async def fs_watcher_events(request: Request) -> Response:
+    caller, node = await _node(request)
+    message = await connect.unary_request(request)
+    got = await node.watch_events(caller.sandbox_id, str(message.get("watcherId") or "-"))
+    return connect.unary_response({"events": [_fs_event(e) for e in got.events]})
+
+
+async def fs_remove_watcher(request: Request) -> Response:
+    caller, node = await _node(request)
+    message = await connect.unary_request(request)
+    await node.unwatch(caller.sandbox_id, str(message.get("watcherId") or "-"))
+    return connect.unary_response({})
+
+
+async def fs_watch_dir(request: Request) -> Response:
+    try:
+        caller, node = await _node(request)
+        message = await connect.first_request(request)
+        watcher_id = await node.watch(caller.sandbox_id, _watched(request, caller, message))
+    except Exception as exc:
+        return connect.stream_error(exc)
+    return connect.stream_response(
+        _watch(node, caller.sandbox_id, watcher_id, _keepalive_s(request))
+    )
+
+
+async def _watch(
+    node: NodeClient, sandbox_id: str, watcher_id: str, keepalive_s: float
+) -> AsyncIterator[Message]:
+    """A watcher's events as envd's stream (the node is polled every ``WATCH_POLL_S``);
+    the watcher goes when the stream does."""
+    try:
+        yield {"start": {}}
+        quiet = 0.0
+        while True:
+            got = await node.watch_events(sandbox_id, watcher_id)
+            for event in got.events:
+                yield {"filesystem": _fs_event(event)}
+            if got.ended:
+                return
+            quiet = 0.0 if got.events else quiet + WATCH_POLL_S
+            if quiet >= keepalive_s:
+                yield {"keepalive": {}}
+                quiet = 0.0
+            await asyncio.sleep(WATCH_POLL_S)
+    finally:
+        with contextlib.suppress(Exception):
+            await node.unwatch(sandbox_id, watcher_id)
 
 
 # --- envd HTTP --------------------------------------------------------------------------
@@ -440,15 +516,15 @@ def routes() -> list[Route]:
         ("/filesystem.Filesystem/MakeDir", fs_make_dir),
         ("/filesystem.Filesystem/Move", fs_move),
         ("/filesystem.Filesystem/Remove", fs_remove),
-        ("/filesystem.Filesystem/CreateWatcher", fs_unsupported),
-        ("/filesystem.Filesystem/GetWatcherEvents", fs_unsupported),
-        ("/filesystem.Filesystem/RemoveWatcher", fs_unsupported),
+        ("/filesystem.Filesystem/CreateWatcher", fs_create_watcher),
+        ("/filesystem.Filesystem/GetWatcherEvents", fs_watcher_events),
+        ("/filesystem.Filesystem/RemoveWatcher", fs_remove_watcher),
     ]
     streams: list[tuple[str, Handler]] = [
         ("/process.Process/Start", process_start),
         ("/process.Process/Connect", process_connect),
         ("/process.Process/StreamInput", process_stream_input),
-        ("/filesystem.Filesystem/WatchDir", _stream_unsupported),
+        ("/filesystem.Filesystem/WatchDir", fs_watch_dir),
     ]
     return [
         *(Route(p, guarded(h, connect_unary_error), methods=["POST"]) for p, h in rpc),
@@ -457,7 +533,3 @@ def routes() -> list[Route]:
         Route("/files", guarded(files_post, rest_error), methods=["POST"]),
         Route("/health", guarded(health, rest_error), methods=["GET"]),
     ]
-
-
-async def _stream_unsupported(request: Request) -> Response:
-    raise NotSupported("watching directories is not supported by Corral")

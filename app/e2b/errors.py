@@ -42,6 +42,7 @@ from app.errors import (
     SandboxNotRunning,
     Unauthenticated,
     Unavailable,
+    Unsupported,
     ValidationFailed,
 )
 
@@ -103,6 +104,7 @@ def connect_code(exc: CorralError) -> str:
         return "unavailable"
     table: list[tuple[type[CorralError], str]] = [
         (NotSupported, "unimplemented"),
+        (Unsupported, "unimplemented"),
         (Unauthenticated, "unauthenticated"),
         (Forbidden, "permission_denied"),
         (NotFound, "not_found"),

@@ -31,6 +31,7 @@ from app.errors import (
     PathNotFound,
     PayloadTooLarge,
     SandboxNotRunning,
+    Unsupported,
     ValidationFailed,
 )
 from wire.processes import ProcessInfo, ProcessSignal, StartProcess
@@ -43,6 +44,7 @@ from wire.sandboxes import (
     SandboxSpec,
     SandboxStatus,
     SnapshotInfo,
+    WatchEvents,
 )
 
 log = logging.getLogger(__name__)
@@ -69,6 +71,9 @@ _ERRORS: dict[str, type[CorralError]] = {
     "process_not_found": NotFound,
     "stdin_closed": BadRequest,
     "invalid_network": InvalidNetwork,
+    "watcher_not_found": NotFound,
+    "too_many_watchers": Conflict,
+    "unsupported": Unsupported,
     "backend_unavailable": BackendUnavailable,
 }
 TIMEOUT = httpx.Timeout(30.0, connect=5.0)
@@ -196,6 +201,19 @@ class NodeClient:
 
     async def remove(self, sandbox_id: str, path: str) -> None:
         await self._call("POST", f"/sandboxes/{sandbox_id}/fs/remove", json={"path": path})
+
+    async def watch(self, sandbox_id: str, path: str) -> str:
+        """Start watching a directory; the watcher's id."""
+        body = {"path": path}
+        response = await self._call("POST", f"/sandboxes/{sandbox_id}/watchers", json=body)
+        return str(response.json()["watcher_id"])
+
+    async def watch_events(self, sandbox_id: str, watcher_id: str) -> WatchEvents:
+        response = await self._call("GET", f"/sandboxes/{sandbox_id}/watchers/{watcher_id}")
+        return WatchEvents.model_validate_json(response.content)
+
+    async def unwatch(self, sandbox_id: str, watcher_id: str) -> None:
+        await self._call("DELETE", f"/sandboxes/{sandbox_id}/watchers/{watcher_id}")
 
     async def move(self, sandbox_id: str, source: str, destination: str) -> FileEntry:
         body = {"source": source, "destination": destination}

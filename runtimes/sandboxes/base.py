@@ -19,7 +19,8 @@ the node's API answers with (the gateway maps it to its own errors):
     ├── ImageUnavailable      404 image_not_found
     ├── ImageFetchFailed      503 image_fetch_failed    (from the control plane)
     ├── NodeFull              503 no_capacity
-    └── BackendUnavailable    503 backend_unavailable
+    ├── BackendUnavailable    503 backend_unavailable
+    └── Unsupported           501 unsupported
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from wire.sandboxes import (
     FileEntry,
     Phases,
     SandboxSpec,
+    WatchEvents,
 )
 
 if TYPE_CHECKING:
@@ -101,6 +103,21 @@ class ImageFetchFailed(SandboxError):
 
 class BackendUnavailable(SandboxError):
     status, code = 503, "backend_unavailable"
+
+
+class Unsupported(SandboxError):
+    status, code = 501, "unsupported"
+
+
+class DirWatch(ABC):
+    """Changes to one directory of a sandbox, kept until read (``runtimes.sandboxes.watch``)."""
+
+    @abstractmethod
+    def drain(self) -> WatchEvents:
+        """The events since the last drain."""
+
+    @abstractmethod
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +236,10 @@ class SandboxBackend(ABC):
 
     @abstractmethod
     async def usage(self, sandbox_id: str) -> Usage: ...
+
+    async def watch_dir(self, sandbox_id: str, path: str) -> DirWatch:
+        """Watch one directory of the sandbox (not its subdirectories)."""
+        raise Unsupported(f"the {self.name} backend cannot watch directories")
 
     @abstractmethod
     async def snapshot(self, sandbox_id: str, snapshot_id: str) -> SnapshotFiles:

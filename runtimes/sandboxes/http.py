@@ -43,6 +43,7 @@ from runtimes.sandboxes import rooted
 from runtimes.sandboxes.base import SandboxError
 from runtimes.sandboxes.manager import SandboxManager
 from runtimes.sandboxes.processes import ProcessTable, process_routes
+from runtimes.sandboxes.watch import WatcherTable, watcher_routes
 from wire.sandboxes import ExecRequest, SandboxInventory, SandboxSpec
 
 log = logging.getLogger(__name__)
@@ -226,5 +227,6 @@ def sandbox_routes(manager: SandboxManager, token: str, *, node_id: str) -> list
         ("/snapshots", snapshots, ["GET"]),
         ("/snapshots/{snapshot_id}", delete_snapshot, ["DELETE"]),
         *process_routes(ProcessTable(manager)),
+        *watcher_routes(WatcherTable(manager)),
     ]
     return [Route(path, guarded(handler), methods=methods) for path, handler, methods in table]

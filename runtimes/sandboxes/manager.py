@@ -85,6 +85,7 @@ class SandboxManager:
         self._state_dir = state_dir
         self._clock = clock
         self._entries: dict[str, _Entry] = {}
+        self._closers: list[Callable[[], None]] = []
         self._snapshots_dir = state_dir / "snapshots"
         self._reaper: asyncio.Task[None] | None = None
         self._warm_wanted = dict(warm or {})  #: image ref -> warm sandboxes at least
@@ -125,8 +126,15 @@ class SandboxManager:
             self._warm = WarmPool(self.backends, targets, max_warm=self._max_warm)
             await self._warm.start()
 
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Have ``close`` call ``callback`` first (tables of the node's API that hold
+        resources of their own: directory watches)."""
+        self._closers.append(callback)
+
     async def close(self) -> None:
         """Stop the reaper; sandboxes keep running (a restarted node adopts them)."""
+        for callback in self._closers:
+            callback()
         if self._warm is not None:
             await self._warm.close()  # destroys the warm sandboxes no one claimed
         if self._reaper is not None:

@@ -122,6 +122,13 @@ class RootedFS:
             os.close(fd)
 
     @contextlib.contextmanager
+    def directory(self, path: str) -> Iterator[int]:
+        """An ``O_PATH`` descriptor of the directory ``path``, resolved inside the root
+        (for the kernel to reach it by, as ``/proc/self/fd/N``, without a host path)."""
+        with self._open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) as fd:
+            yield fd
+
+    @contextlib.contextmanager
     def _parent(self, path: str) -> Iterator[tuple[int, str]]:
         if path == "/":
             raise SandboxPathError("the sandbox's root itself cannot be changed or removed")

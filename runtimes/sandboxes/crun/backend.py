@@ -25,6 +25,7 @@ from typing import Any
 from runtimes.sandboxes import rooted
 from runtimes.sandboxes.base import (
     BackendUnavailable,
+    DirWatch,
     RootImage,
     SandboxBackend,
     SandboxError,
@@ -35,6 +36,7 @@ from runtimes.sandboxes.base import (
 )
 from runtimes.sandboxes.crun import bundle, mounts, spawn
 from runtimes.sandboxes.crun.process import Child, CrunProcess
+from runtimes.sandboxes.inotify import InotifyWatch
 from runtimes.sandboxes.network import Attachment, Network
 from runtimes.sandboxes.rooted import Account, RootedFS
 from wire.sandboxes import ExecRequest, FileEntry, Phases, SandboxSpec
@@ -429,6 +431,11 @@ class CrunBackend(SandboxBackend):
         if not (directory / "config.json").exists():
             raise SandboxNotFound(f"no sandbox {sandbox_id}")
         return RootedFS(directory / "rootfs")
+
+    async def watch_dir(self, sandbox_id: str, path: str) -> DirWatch:
+        fs = await self._fs(sandbox_id)
+        with fs.directory(rooted.normalise(path)) as directory:
+            return InotifyWatch(directory)
 
     async def _account(self, fs: RootedFS, user: str) -> Account:
         return await asyncio.to_thread(fs.account, user)

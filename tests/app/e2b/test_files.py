@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import time
 
 import pytest
 from e2b import FileType, NotFoundException, Sandbox
@@ -58,3 +59,49 @@ def test_files_write_read_list_stat_move_and_remove(corral: Corral) -> None:
         assert sbx.commands.run("stat -c %U /root/secret.txt", user="root").stdout == "root\n"
     finally:
         sbx.kill()
+
+
+def test_watch_dir_reports_changes_and_stops(corral: Corral) -> None:
+    from e2b import FilesystemEventType, SandboxException
+
+    sbx = Sandbox.create(template="python", timeout=120)
+    try:
+        handle = sbx.files.watch_dir("/home/user")
+        sbx.files.write("/home/user/watched.txt", "one")
+        sbx.commands.run("echo two >> watched.txt; mv watched.txt kept.txt; rm kept.txt")
+        time.sleep(0.2)
+        seen = {(e.name, e.type) for e in handle.get_new_events()}
+        for expected in [
+            ("watched.txt", FilesystemEventType.CREATE),
+            ("watched.txt", FilesystemEventType.WRITE),
+            ("watched.txt", FilesystemEventType.RENAME),
+            ("kept.txt", FilesystemEventType.CREATE),
+            ("kept.txt", FilesystemEventType.REMOVE),
+        ]:
+            assert expected in seen, seen
+        assert handle.get_new_events() == []
+        handle.stop()
+        with pytest.raises(SandboxException, match="recursive watching is not supported"):
+            sbx.files.watch_dir("/home/user", recursive=True)
+    finally:
+        sbx.kill()
+
+
+async def test_the_async_sdk_streams_watch_events(corral: Corral) -> None:
+    import asyncio
+
+    from e2b import AsyncSandbox, FilesystemEvent
+
+    sbx = await AsyncSandbox.create(template="python", timeout=120)
+    try:
+        events: list[FilesystemEvent] = []
+        handle = await sbx.files.watch_dir("/tmp", on_event=events.append)
+        await sbx.files.write("/tmp/streamed.txt", "x")
+        for _ in range(50):
+            if any(e.name == "streamed.txt" for e in events):
+                break
+            await asyncio.sleep(0.1)
+        assert any(e.name == "streamed.txt" for e in events), events
+        await handle.stop()
+    finally:
+        await sbx.kill()

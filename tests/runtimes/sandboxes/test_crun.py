@@ -268,3 +268,51 @@ async def test_a_sandbox_without_a_spawner_runs_commands_through_the_runtime(
     (crun.root / "sbx-old" / "spawn.sock").unlink()  # as a sandbox made before it existed
     result = await run(crun, "sbx-old", ["sh", "-c", "id -u; exit 4"])
     assert result.stdout == "1000\n" and result.exit_code == 4
+
+
+async def test_a_watched_directory_reports_what_its_sandbox_does(
+    crun: CrunBackend, busybox_image: RootImage
+) -> None:
+    await crun.create(spec("sbx-watch"), busybox_image)
+    watch = await crun.watch_dir("sbx-watch", "/home/user")
+    try:
+        await run(
+            crun,
+            "sbx-watch",
+            ["sh", "-c", "echo a > new; echo b >> new; mv new moved; chmod 600 moved; rm moved"],
+        )
+        await asyncio.sleep(0.05)  # the node's loop reads the inotify descriptor
+        got = watch.drain()
+        seen = [(e.name, e.type.value) for e in got.events]
+        for expected in [
+            ("new", "create"),
+            ("new", "write"),
+            ("new", "rename"),
+            ("moved", "create"),
+            ("moved", "chmod"),
+            ("moved", "remove"),
+        ]:
+            assert expected in seen, seen
+        assert watch.drain().events == []  # drained
+    finally:
+        watch.close()
+
+
+async def test_a_watch_through_a_planted_symlink_stays_in_the_sandbox(
+    crun: CrunBackend, busybox_image: RootImage, tmp_path: Path
+) -> None:
+    await crun.create(spec("sbx-watchlink"), busybox_image)
+    await run(crun, "sbx-watchlink", ["ln", "-s", str(tmp_path), "/tmp/escape"])
+    # /tmp/escape resolves inside the sandbox, where that host path does not exist
+    with pytest.raises(PathNotFound):
+        await crun.watch_dir("sbx-watchlink", "/tmp/escape")
+    await run(crun, "sbx-watchlink", ["ln", "-s", "/root", "/tmp/root"], user="root")
+    watch = await crun.watch_dir("sbx-watchlink", "/tmp/root")  # the sandbox's /root
+    try:
+        (tmp_path / "host-file").write_text("x")
+        await run(crun, "sbx-watchlink", ["touch", "/root/inside"], user="root")
+        await asyncio.sleep(0.05)
+        names = {e.name for e in watch.drain().events}
+        assert names == {"inside"}, names
+    finally:
+        watch.close()

@@ -1,0 +1,132 @@
+"""Watching a directory of a sandbox, read by polling: the node's table of watches.
+
+A watch is on one directory (not its subdirectories) and made by the sandbox's backend
+(``SandboxBackend.watch_dir``; containers: ``runtimes.sandboxes.inotify``); its events
+wait in it until read.
+
+``WatcherTable`` keeps the watches by id, per sandbox (at most ``MAX_PER_SANDBOX``); a
+watch whose sandbox has ended, or that nobody has read for ``IDLE_S``, is closed.
+
+Routes (added to the node's sandbox API by ``runtimes.sandboxes.http``, same token):
+
+    POST   /sandboxes/{id}/watchers                {"path"} -> {"watcher_id"}
+    GET    /sandboxes/{id}/watchers/{watcher_id}   -> WatchEvents (and empties it)
+    DELETE /sandboxes/{id}/watchers/{watcher_id}
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from runtimes.sandboxes.base import DirWatch, SandboxError, SandboxNotFound, SandboxPathError
+from runtimes.sandboxes.manager import SandboxManager
+from wire.sandboxes import WatchEvents
+
+log = logging.getLogger(__name__)
+
+MAX_PER_SANDBOX = 32
+IDLE_S = 600.0
+
+
+class WatcherNotFound(SandboxError):
+    status, code = 404, "watcher_not_found"
+
+
+class TooManyWatchers(SandboxError):
+    status, code = 409, "too_many_watchers"
+
+
+@dataclass
+class _Watcher:
+    sandbox_id: str
+    watch: DirWatch
+    read_at: float = field(default_factory=time.monotonic)
+
+
+class WatcherTable:
+    def __init__(self, manager: SandboxManager) -> None:
+        self._manager = manager
+        self._watchers: dict[str, _Watcher] = {}
+        manager.on_close(self.close)
+
+    async def create(self, sandbox_id: str, path: str) -> str:
+        self._sweep()
+        backend, _ = self._manager.backend_of(sandbox_id)
+        if sum(w.sandbox_id == sandbox_id for w in self._watchers.values()) >= MAX_PER_SANDBOX:
+            raise TooManyWatchers(f"sandbox {sandbox_id} has {MAX_PER_SANDBOX} watchers")
+        watch = await backend.watch_dir(sandbox_id, path)
+        watcher_id = secrets.token_hex(8)
+        self._watchers[watcher_id] = _Watcher(sandbox_id, watch)
+        log.info("sandbox=%s: watching %s (%s)", sandbox_id, path, watcher_id)
+        return watcher_id
+
+    def events(self, sandbox_id: str, watcher_id: str) -> WatchEvents:
+        watcher = self._get(sandbox_id, watcher_id)
+        watcher.read_at = time.monotonic()
+        return watcher.watch.drain()
+
+    def remove(self, sandbox_id: str, watcher_id: str) -> None:
+        self._get(sandbox_id, watcher_id)
+        self._watchers.pop(watcher_id).watch.close()
+
+    def close(self) -> None:
+        for watcher in self._watchers.values():
+            watcher.watch.close()
+        self._watchers.clear()
+
+    def _get(self, sandbox_id: str, watcher_id: str) -> _Watcher:
+        watcher = self._watchers.get(watcher_id)
+        if watcher is None or watcher.sandbox_id != sandbox_id:
+            raise WatcherNotFound(f"no watcher {watcher_id} in sandbox {sandbox_id}")
+        return watcher
+
+    def _sweep(self) -> None:
+        """Close the watches of sandboxes that ended and of readers that went away."""
+        now = time.monotonic()
+        for watcher_id, watcher in list(self._watchers.items()):
+            try:
+                self._manager.backend_of(watcher.sandbox_id)
+                stale = now - watcher.read_at > IDLE_S
+            except SandboxNotFound:
+                stale = True
+            if stale:
+                self._watchers.pop(watcher_id).watch.close()
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def watcher_routes(table: WatcherTable) -> list[tuple[str, Handler, list[str]]]:
+    def ids(request: Request) -> tuple[str, str]:
+        return str(request.path_params["sandbox_id"]), str(request.path_params["watcher_id"])
+
+    async def create(request: Request) -> Response:
+        body = json.loads(await request.body() or b"{}")
+        path = body.get("path") if isinstance(body, dict) else None
+        if not isinstance(path, str) or not path.startswith("/"):
+            raise SandboxPathError("path must be an absolute path")
+        sandbox_id = str(request.path_params["sandbox_id"])
+        return JSONResponse({"watcher_id": await table.create(sandbox_id, path)}, 201)
+
+    async def events(request: Request) -> Response:
+        body = table.events(*ids(request)).model_dump_json()
+        return Response(body, media_type="application/json")
+
+    async def remove(request: Request) -> Response:
+        table.remove(*ids(request))
+        return Response(status_code=204)
+
+    one = "/sandboxes/{sandbox_id}/watchers"
+    return [
+        (one, create, ["POST"]),
+        (f"{one}/{{watcher_id}}", events, ["GET"]),
+        (f"{one}/{{watcher_id}}", remove, ["DELETE"]),
+    ]
