@@ -60,6 +60,10 @@ class KeylessListener:
         await self.app(scope, receive, send)
 
 
+#: how long the API keeps an idle connection open
+KEEP_ALIVE_S = 75
+
+
 def api_config(app: ASGIApp, settings: Settings, **options: Any) -> uvicorn.Config:
     """uvicorn's configuration of the API listener: proxy headers only from
     ``settings.trusted_proxies``."""
@@ -71,6 +75,9 @@ def api_config(app: ASGIApp, settings: Settings, **options: Any) -> uvicorn.Conf
         proxy_headers=bool(proxies),
         forwarded_allow_ips=proxies,
         access_log=False,
+        # longer than clients keep idle connections (httpx, requests: 5 s or less), so a
+        # client's request never meets a connection the server is closing
+        timeout_keep_alive=KEEP_ALIVE_S,
         **options,
     )
 

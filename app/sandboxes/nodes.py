@@ -77,6 +77,9 @@ _ERRORS: dict[str, type[CorralError]] = {
     "backend_unavailable": BackendUnavailable,
 }
 TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+#: an idle connection to a node is closed by us before the node would close it
+#: (``runtimes.node.http.KEEP_ALIVE_S``): else a request can meet a connection closing
+IDLE_CONNECTION_S = 30.0
 
 
 class NodeClient:
@@ -93,6 +96,7 @@ class NodeClient:
             base_url = f"http://{address}"
         self._http = httpx.AsyncClient(
             transport=transport,
+            limits=httpx.Limits(keepalive_expiry=IDLE_CONNECTION_S),
             base_url=base_url,
             headers={"authorization": f"Bearer {token}"},
             timeout=TIMEOUT,

@@ -19,6 +19,7 @@ import logging
 import os
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
@@ -29,6 +30,17 @@ from starlette.routing import BaseRoute, Route
 from runtimes.node.agent import NodeAgent
 
 log = logging.getLogger(__name__)
+
+
+#: a kept-alive connection outlives the gateways' idle ones (``app.sandboxes.nodes``
+#: expires them after 30 s): the client, not the server, closes an idle connection, so a
+#: request is never sent on a connection the server is closing at that moment
+KEEP_ALIVE_S = 75
+_SERVER_OPTIONS: dict[str, Any] = {
+    "log_level": "warning",
+    "lifespan": "off",
+    "timeout_keep_alive": KEEP_ALIVE_S,
+}
 
 
 def node_app(agent: NodeAgent, extra_routes: Sequence[BaseRoute] = ()) -> Starlette:
@@ -84,9 +96,9 @@ async def serving(
     app = node_app(agent, extra_routes)
     if uds is not None:
         uds.unlink(missing_ok=True)  # noqa: ASYNC240 - a stale socket, once
-        config = uvicorn.Config(app, uds=str(uds), log_level="warning", lifespan="off")
+        config = uvicorn.Config(app, uds=str(uds), **_SERVER_OPTIONS)
     else:
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+        config = uvicorn.Config(app, host=host, port=port, **_SERVER_OPTIONS)
     server = EmbeddedServer(config)
     task = asyncio.create_task(server.serve(), name="node-http")
     try:

@@ -197,3 +197,26 @@ def test_available_memory_is_read_from_meminfo(tmp_path: Path) -> None:
     meminfo.write_text("MemTotal:       24000000 kB\nMemAvailable:   2048000 kB\n")
     assert available_mb(meminfo) == 2000
     assert available_mb() > 0  # this host's
+
+
+@pytest.mark.slow
+async def test_an_idle_connection_outlives_the_clients_own_expiry(agent: NodeAgent) -> None:
+    """The node keeps an idle connection longer than a client's pool does (5 s for httpx
+    and requests by default), so no request is ever sent on a connection the node is
+    closing at that moment (a gateway's burst met that: "Server disconnected")."""
+    async with serving(agent, "127.0.0.1", 0) as address:
+        host, port = address.rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        request = f"GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+        try:
+            for turn in range(2):
+                writer.write(request)
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+                assert head.startswith(b"HTTP/1.1 200")
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                await reader.readexactly(length)
+                if turn == 0:
+                    await asyncio.sleep(6)  # past uvicorn's default keep-alive of 5 s
+                    assert not reader.at_eof(), "the node closed an idle connection after 5 s"
+        finally:
+            writer.close()
