@@ -47,6 +47,10 @@ def _logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # httpx logs every request at INFO: the gateways' calls to nodes (a reconciler pass
+    # each second, every sandbox operation) would drown the server's own lines
+    for chatty in ("httpx", "httpcore"):
+        logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -14,13 +14,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import fcntl
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from runtimes.sandboxes.base import (
+    BackendUnavailable,
     NodeFull,
     Process,
     RootImage,
@@ -86,6 +89,7 @@ class SandboxManager:
         self._clock = clock
         self._entries: dict[str, _Entry] = {}
         self._closers: list[Callable[[], None]] = []
+        self._lock_fd: int | None = None
         self._snapshots_dir = state_dir / "snapshots"
         self._reaper: asyncio.Task[None] | None = None
         self._warm_wanted = dict(warm or {})  #: image ref -> warm sandboxes at least
@@ -99,6 +103,7 @@ class SandboxManager:
     # --- start and stop -------------------------------------------------------------------
     async def start(self) -> None:
         self._state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._hold_state_dir()
         for name, backend in self.backends.items():
             survivors = set(await backend.start())
             for saved in sorted(self._state_dir.glob("*.json")):
@@ -126,6 +131,20 @@ class SandboxManager:
             self._warm = WarmPool(self.backends, targets, max_warm=self._max_warm)
             await self._warm.start()
 
+    def _hold_state_dir(self) -> None:
+        """One manager per state dir: a second node started on the same data dir would
+        take the first's sandboxes for orphans and destroy them. The lock goes with the
+        process (a killed node's successor gets it at once)."""
+        fd = os.open(self._state_dir / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise BackendUnavailable(
+                f"another node holds {self._state_dir} (one node per data dir)"
+            ) from None
+        self._lock_fd = fd
+
     def on_close(self, callback: Callable[[], None]) -> None:
         """Have ``close`` call ``callback`` first (tables of the node's API that hold
         resources of their own: directory watches)."""
@@ -143,6 +162,9 @@ class SandboxManager:
                 await self._reaper
         for backend in self.backends.values():
             await backend.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     async def destroy_all(self, reason: str) -> None:
         for sandbox_id in list(self._entries):

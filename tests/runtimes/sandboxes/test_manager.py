@@ -275,3 +275,29 @@ async def test_creates_of_one_image_share_one_resolve(tmp_path: Path) -> None:
         assert {s.image_digest for s in statuses} == {IMAGE.digest}
     finally:
         await m.close()
+
+
+async def test_a_second_node_on_the_same_data_dir_is_refused_not_let_destroy(
+    tmp_path: Path,
+) -> None:
+    """A second manager on the state dir would take the first's sandboxes for orphans
+    and destroy them: it is refused while the first holds the dir, and starts (adopting
+    them) once the first has gone."""
+    from runtimes.sandboxes.base import BackendUnavailable
+
+    clock, backend = Clock(), FakeSandboxBackend()
+    first = manager(tmp_path, backend, clock)
+    await first.start()
+    await first.create(spec("s-kept", backend="fake"))
+    second = manager(tmp_path, backend, clock)
+    with pytest.raises(BackendUnavailable, match="another node holds"):
+        await second.start()
+    assert (await first.status("s-kept")).state is SandboxState.RUNNING
+    await first.close()
+    third = manager(tmp_path, backend, clock)
+    await third.start()
+    try:
+        assert (await third.status("s-kept")).state is SandboxState.RUNNING
+    finally:
+        await third.destroy_all("test over")
+        await third.close()
