@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import ADMIN, ADMIN_KEY
 from tests.integration.conftest import Procs, free_port, wait_ready
-from tests.integration.faults import Ledger, Load, PrivatePostgres, PrivateRedis
+from tests.integration.faults import Ledger, Load, PrivatePostgres, PrivateRedis, read_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -216,6 +216,12 @@ def test_a_node_that_stalls_past_the_dead_node_timeout_then_finishes(
     wait_ready(url, nodes=2)
     load = Load([url], tenant(url), total=200, sleep=1.0).start()
     load.wait_done(40)
+    # stall it while it runs something (the case under test; placement decides where
+    # each call goes, so wait for the moment rather than assume it)
+    deadline = time.monotonic() + 30
+    while not any(r.status == "running" and r.node_id == "node-a" for r in read_rows(postgres_url)):
+        assert time.monotonic() < deadline, "node-a never ran anything"
+        time.sleep(0.05)
     stalling.send_signal(signal.SIGSTOP)
     time.sleep(1.5 + 2 + 1.5)  # dead after 1.5 s; the reconciler hands its work out again
     stalling.send_signal(signal.SIGCONT)  # ... and it finishes what it held
