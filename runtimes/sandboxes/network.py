@@ -3,10 +3,13 @@
 A sandbox's network namespace has only its loopback unless its spec's ``network`` lists
 destinations (``wire.sandboxes.NetworkPolicy``). Then the backend, once the sandbox's
 init process exists and before any command of the tenant runs, calls ``attach``: a veth
-pair whose host end is ``csb<N>`` and whose other end is ``eth0`` inside the sandbox,
-addresses from the N-th /30 of the node's ``sandbox_network_cidr``, a default route
-through the host end, and the chain ``sb_<N>`` of the node's nftables table
-``inet corral``, reached through the ``egress`` verdict map keyed by that interface.
+pair whose host end is ``c<tag>-<N>`` and whose other end is ``eth0`` inside the
+sandbox, addresses from the N-th /30 of the node's ``sandbox_network_cidr``, a default
+route through the host end, and the chain ``sb_<N>`` of the nftables table
+``inet corral_<tag>``, reached through its ``egress`` verdict map keyed by that
+interface. ``<tag>`` comes from the CIDR: nodes sharing a host, each with its own CIDR,
+never touch each other's rules; a host-wide lock keeps a second process off a CIDR in
+use.
 
 The rules live on the host, where nothing inside a sandbox can change them (root in a
 sandbox has no CAP_NET_ADMIN in any case), and are keyed by the interface a packet came
