@@ -18,6 +18,7 @@ from runtimes import registry
 from runtimes.base import Runtime
 from runtimes.node.agent import NodeAgent
 from runtimes.node.http import serving
+from runtimes.node.limits import raise_open_files_limit
 from runtimes.node.metrics import NodeMetrics
 from runtimes.node.redis import RedisNodeTransport
 from runtimes.node.settings import NodeSettings
@@ -43,6 +44,7 @@ async def running_node(
 
     With sandbox backends, the node's sandbox API is served too: on TCP beside
     ``/healthz`` (``serve_http``), else on a Unix socket in the data dir (embedded)."""
+    raise_open_files_limit()
     backends: dict[str, Runtime] = {}
     try:
         for name in settings.runtimes:
