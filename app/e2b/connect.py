@@ -62,6 +62,14 @@ def _object(data: bytes) -> Message:
     return message
 
 
+async def json_body(request: Request, *, limit: int) -> Message:
+    """A plain (REST) request's JSON object body, at most ``limit`` bytes."""
+    data = await request.body()
+    if len(data) > limit:
+        raise PayloadTooLarge(f"the body is over {limit} bytes")
+    return _object(data)
+
+
 def timeout_s(request: Request) -> float | None:
     """The call's deadline (``Connect-Timeout-Ms``), None when it has none."""
     value = request.headers.get("connect-timeout-ms")

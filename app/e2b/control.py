@@ -19,7 +19,6 @@ The create and connect answers hand out the caller's own key as ``envdAccessToke
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from datetime import UTC, datetime
@@ -35,9 +34,10 @@ from starlette.routing import Route
 from app.auth.principal import Principal
 from app.db.cursors import decode_cursor, encode_cursor
 from app.db.models import Sandbox
+from app.e2b import connect
 from app.e2b.auth import services, tenant
 from app.e2b.errors import Handler, NotSupported, guarded, rest_error
-from app.errors import BadRequest, Conflict, NotFound, PayloadTooLarge, ValidationFailed
+from app.errors import BadRequest, Conflict, NotFound, ValidationFailed
 from app.sandboxes.listing import Filters
 from app.schemas.sandboxes import CreateSandbox
 from wire.sandboxes import NetworkPolicy, SandboxState
@@ -105,13 +105,7 @@ def listed(row: Sandbox) -> dict[str, Any]:
 
 
 async def _body(request: Request) -> dict[str, Any]:
-    data = await request.body()
-    if len(data) > MAX_BODY_BYTES:
-        raise PayloadTooLarge(f"the body is over {MAX_BODY_BYTES} bytes")
-    body = json.loads(data or b"{}")
-    if not isinstance(body, dict):
-        raise BadRequest("the body must be a JSON object")
-    return body
+    return await connect.json_body(request, limit=MAX_BODY_BYTES)
 
 
 def _strings(value: object, name: str) -> dict[str, str]:

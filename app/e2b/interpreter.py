@@ -33,10 +33,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from app.e2b import connect
 from app.e2b.auth import SandboxCaller, home_of, sandbox_caller, services
 from app.e2b.envd import INTERNAL_TAG, PROCESS_OUTPUT_BYTES
 from app.e2b.errors import Handler, NotSupported, guarded, interpreter_error
-from app.errors import BadRequest, CorralError, NotFound, PayloadTooLarge
+from app.errors import BadRequest, CorralError, NotFound
 from app.sandboxes.nodes import NodeClient
 from wire.processes import ProcessInfo, StartProcess
 from wire.sandboxes import ExecEvent, ExecExit, ExecOutput, ExecRequest, ExecStarted
@@ -62,13 +63,7 @@ def worker_source() -> bytes:
 
 
 async def _json(request: Request) -> dict[str, Any]:
-    data = await request.body()
-    if len(data) > MAX_BODY_BYTES:
-        raise PayloadTooLarge(f"the body is over {MAX_BODY_BYTES} bytes")
-    body = json.loads(data or b"{}")
-    if not isinstance(body, dict):
-        raise BadRequest("the body must be a JSON object")
-    return body
+    return await connect.json_body(request, limit=MAX_BODY_BYTES)
 
 
 async def _node(request: Request) -> tuple[SandboxCaller, NodeClient]:

@@ -139,23 +139,10 @@ class NodeClient:
 
     async def exec(self, sandbox_id: str, request: ExecRequest) -> AsyncIterator[ExecEvent]:
         """The command's events as the node streams them."""
-        path = f"/sandboxes/{sandbox_id}/exec"
         read_s = (request.timeout_s or 86400.0) + 30.0
-        try:
-            async with self._http.stream(
-                "POST",
-                path,
-                content=request.model_dump_json(),
-                timeout=httpx.Timeout(read_s, connect=5.0),
-            ) as response:
-                if response.status_code >= 400:
-                    await response.aread()
-                    raise _error(response)
-                async for line in response.aiter_lines():
-                    if line:
-                        yield EXEC_EVENT.validate_json(line)
-        except httpx.TransportError as exc:
-            raise NodeUnavailable(f"node {self.node_id} cannot be reached: {exc}") from exc
+        path = f"/sandboxes/{sandbox_id}/exec"
+        async for event in self._events("POST", path, request.model_dump_json(), read_s=read_s):
+            yield event
 
     async def snapshot(self, sandbox_id: str, snapshot_id: str) -> SnapshotInfo:
         response = await self._call(
@@ -251,12 +238,13 @@ class NodeClient:
         await self._call("POST", f"/sandboxes/{sandbox_id}/processes/{pid}/close-stdin")
 
     async def _events(
-        self, method: str, path: str, content: str | None = None
+        self, method: str, path: str, content: str | None = None, *, read_s: float | None = None
     ) -> AsyncIterator[ExecEvent]:
-        """NDJSON events of a stream that may stay silent for as long as its process."""
+        """NDJSON events of a stream; with no ``read_s`` it may stay silent for as long as
+        its process."""
         try:
             async with self._http.stream(
-                method, path, content=content, timeout=httpx.Timeout(None, connect=5.0)
+                method, path, content=content, timeout=httpx.Timeout(read_s, connect=5.0)
             ) as response:
                 if response.status_code >= 400:
                     await response.aread()
