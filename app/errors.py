@@ -242,7 +242,10 @@ class Unavailable(CorralError):
 
 
 class DatabaseUnavailable(Unavailable):
-    """The database cannot be reached (restarting, failing over); nothing was started."""
+    """The database cannot be reached (restarting, failing over); nothing was started,
+    unless ``details`` says ``"recorded": "unknown"``: the connection was lost while an
+    invocation (``details.invocation_id``) was being committed, and whether it was stored
+    (and will run) is known only once the database is back."""
 
     code, default_message = "database_unavailable", "the database is unreachable; retry"
 

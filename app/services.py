@@ -150,6 +150,7 @@ async def open_services(
             wait_grace_s=settings.result_wait_grace_seconds,
             hold_s=settings.hold_seconds,
             queue_s=settings.queue_seconds,
+            record_retry_s=settings.record_retry_seconds,
         )
         recorder = Recorder(
             transport=transport,

@@ -127,6 +127,13 @@ class Settings(DatabaseSettings):
     result_wait_grace_seconds: float = Field(
         15.0, ge=0, description="Extra wait, beyond the execution's own limits, for a result."
     )
+    record_retry_seconds: float = Field(
+        10.0,
+        ge=0,
+        description="How long a gateway keeps asking a database that lost the connection "
+        "while an invocation was being committed whether it was recorded, before it answers "
+        "503 database_unavailable with details.recorded = unknown.",
+    )
     placement_choices: int = Field(3, ge=1, description="Nodes sampled per placement (best of k).")
     catalogue_seconds: float = Field(
         0.5, gt=0, description="How long the gateway trusts its copy of the node reports."

@@ -210,6 +210,22 @@ class Create(Batchable):
 
 
 @dataclass(frozen=True, slots=True)
+class EnsureCreated:
+    """``create`` again after a connection was lost while it was being committed: its
+    outcome is unknown (the commit may have been made durable before the answer was lost),
+    so the row is inserted only if it is not there. Only the gateway that made the id
+    writes it, so nothing else can insert it between the read and the insert."""
+
+    create: Create
+
+    async def __call__(self, session: AsyncSession) -> Invocation:
+        found = await session.scalar(select(_T.c.id).where(_T.c.id == self.create.invocation_id))
+        if found is None:
+            return (await Create.run_many(session, [self.create]))[0]  # type: ignore[no-any-return]
+        return Invocation(**self.create.values(utcnow()))
+
+
+@dataclass(frozen=True, slots=True)
 class MarkRunning(_Lifecycle):
     """A node claimed the execution; the result is whether the row took it (open, current)."""
 

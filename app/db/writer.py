@@ -16,7 +16,8 @@ in lifecycle order, they are committed in that order.
 
 ``write(op)`` waits for the commit and returns ``op``'s result; ``post(op)`` does not wait
 (its failure is logged). If a batch fails, its writes are retried one by one, so one bad
-write cannot fail its neighbours.
+write cannot fail its neighbours; but not if the connection was lost: the commit may have
+landed, so each write fails with the lost connection and its caller decides.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar, Self
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.db.failures import is_connection_failure
 
 log = logging.getLogger(__name__)
 
@@ -118,10 +121,13 @@ class BatchWriter:
             async with self._sessions.begin() as session:
                 results = await _apply(session, [op for op, _ in batch])
         except Exception as exc:
-            if len(batch) == 1:
-                _, future = batch[0]
-                if not future.done():
-                    future.set_exception(exc)
+            if len(batch) == 1 or is_connection_failure(exc):
+                # A lost connection is no bad write's fault, and the commit may have
+                # landed: running the writes again could apply them twice. Their callers
+                # learn it and decide (``app.invocations.service``).
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
                 return
             log.warning(
                 "a batch of %d writes failed (%r); retrying them one by one", len(batch), exc

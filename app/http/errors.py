@@ -17,11 +17,12 @@ from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from app.db.failures import is_connection_failure
 from app.errors import (
     CorralError,
     DatabaseUnavailable,
@@ -62,7 +63,7 @@ async def http_exception(request: Request, exc: Exception) -> Response:
 
 
 async def database_down(request: Request, exc: Exception) -> Response:
-    if not _is_connection_failure(exc):
+    if not is_connection_failure(exc):
         return await unhandled(request, exc)
     log.warning("%s %s: database unreachable: %r", request.method, request.url.path, exc)
     return error_response(DatabaseUnavailable())
@@ -78,17 +79,6 @@ async def connection_down(request: Request, exc: Exception) -> Response:
     connect that failed unwrapped, while redis-py wraps its own in ``RedisConnectionError``."""
     log.warning("%s %s: database unreachable: %r", request.method, request.url.path, exc)
     return error_response(DatabaseUnavailable())
-
-
-def _is_connection_failure(exc: Exception) -> bool:
-    """An error of the database's connection, not of the statement: SQLSTATE class 08
-    (connection exception) or 57P (the server is shutting down or starting up)."""
-    if isinstance(exc, OperationalError | InterfaceError):
-        return True
-    if not isinstance(exc, DBAPIError):
-        return False
-    state = str(getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None) or "")
-    return bool(exc.connection_invalidated) or state.startswith(("08", "57P"))
 
 
 async def too_deep(request: Request, exc: Exception) -> Response:

@@ -5,9 +5,11 @@
    (``app.invocations.limits``).
 2. Under admission control, place the execution (``app.placement``), then **insert the
    row with its dispatch intent** (the Job, claim token and all) in one committed
-   write: from here on the execution is never lost. Then dispatch the Job. If the
-   dispatch fails, or this process dies before it, the reconciler sends the Job from
-   the row.
+   write: from here on the execution is never lost. A connection lost during that
+   commit leaves its outcome unknown; the row is then written again only if absent,
+   until the database answers (``_record``), so the answer never says "not recorded"
+   of a row that was. Then dispatch the Job. If the dispatch fails, or this process
+   dies before it, the reconciler sends the Job from the row.
 3. Wait for this gateway's recorder to store the node's result: the answer is the
    stored row, built from exactly what was written, whatever the output's size.
 4. If nothing was stored in time, read the row: it may be final already (another
@@ -32,10 +34,11 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from app.auth.principal import Principal
 from app.db import invocations
+from app.db.failures import is_connection_failure
 from app.db.models import Invocation
 from app.db.writer import BatchWriter
 from app.dispatch.transport import GatewayTransport
-from app.errors import ExecutionTimeout, Unavailable
+from app.errors import DatabaseUnavailable, ExecutionTimeout, Unavailable
 from app.failpoints import Failpoints
 from app.invocations.waiters import Outcome, Waiters
 from app.metrics import Metrics
@@ -55,6 +58,9 @@ class Timing:
     wait_grace_s: float  #: a caller waits the limits plus this for the stored result
     hold_s: float  #: a claimed marker outlives the limits by this much
     queue_s: float  #: a Job may wait this long for a node before it is handed out again
+    #: how long a gateway keeps asking a database that lost the connection mid-commit
+    #: whether an invocation's row was recorded, before it answers that it cannot tell
+    record_retry_s: float = 10.0
 
 
 class Invocations:
@@ -168,7 +174,7 @@ class Invocations:
             reply_to=self._transport.gateway_id,
             enqueued_at=time.time(),
         )
-        row: Invocation = await self._writer.write(
+        row = await self._record(
             invocations.Create(
                 invocation_id=job.invocation_id,
                 tenant_id=principal.tenant_id,
@@ -196,6 +202,50 @@ class Invocations:
                 "inv=%s dispatch failed (%r); left to the reconciler", job.invocation_id, exc
             )
         return row, job
+
+    async def _record(self, create: invocations.Create) -> Invocation:
+        """Commit ``create``'s row. A connection lost during the commit leaves it unknown
+        whether the row was made durable (and the reconciler would run a stored Job): a
+        "not recorded" answer could then be false, and a retrying client would run the
+        code twice. So the row is written again, only if absent, until the database
+        answers; if it does not within ``record_retry_s`` the answer says the outcome is
+        unknown and names the id (``GET /v1/invocations/{id}`` settles it once the
+        database is back)."""
+        try:
+            return await self._writer.write(create)  # type: ignore[no-any-return]
+        except Exception as exc:
+            if not is_connection_failure(exc):
+                raise
+            log.warning(
+                "inv=%s the connection was lost while recording it (%r); asking again",
+                create.invocation_id,
+                exc,
+            )
+        deadline = time.monotonic() + self._timing.record_retry_s
+        delay = 0.05
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                row = await self._writer.write(invocations.EnsureCreated(create))
+            except Exception as exc:
+                if not is_connection_failure(exc):
+                    raise
+                if time.monotonic() + delay > deadline:
+                    log.warning(
+                        "inv=%s the database did not answer in %.0fs: recorded or not is unknown",
+                        create.invocation_id,
+                        self._timing.record_retry_s,
+                    )
+                    raise DatabaseUnavailable(
+                        f"the database failed while invocation {create.invocation_id} was "
+                        "being recorded; whether it was is unknown until it is back: "
+                        f"GET /v1/invocations/{create.invocation_id} answers",
+                        details={"invocation_id": create.invocation_id, "recorded": "unknown"},
+                    ) from None
+                delay = min(delay * 2, 1.0)
+                continue
+            log.info("inv=%s recorded once the database answered again", create.invocation_id)
+            return row  # type: ignore[no-any-return]
 
     async def _hold(
         self, slot: contextlib.AbstractAsyncContextManager[float], row: Invocation, timeout: float

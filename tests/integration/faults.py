@@ -160,6 +160,9 @@ class Call:
     invocation_id: str | None = None
     body: Any = None
     error: str | None = None
+    #: answered 503 with ``recorded: unknown``: the database failed mid-commit and did
+    #: not come back in time, so a row may or may not exist
+    unknown: bool = False
 
 
 @dataclass
@@ -224,7 +227,8 @@ class Load:
                 call.invocation_id = call.body["invocation_id"]
             else:
                 details = call.body.get("error", {}).get("details") or {}
-                call.invocation_id = details.get("invocation_id")
+                call.unknown = details.get("recorded") == "unknown"
+                call.invocation_id = None if call.unknown else details.get("invocation_id")
 
 
 # --- the record -------------------------------------------------------------------------
@@ -302,7 +306,7 @@ class Ledger:
             assert row.tag == call.tag
             if call.status == 200:
                 assert call.body["status"] == row.status, (call.body, row)
-        unanswered = {c.tag for c in calls if c.status is None}
+        unanswered = {c.tag for c in calls if c.status is None or c.unknown}
         extra = [r for r in rows if r.id not in {c.invocation_id for c in accepted}]
         assert all(r.tag in unanswered for r in extra), "rows no call asked for"
         assert len(rows) == len(accepted) + len(extra)
@@ -320,6 +324,7 @@ class Ledger:
             "reran": sum(r.attempts > 1 for r in rows),
             "ran_twice": sum(ran[r.id] > 1 for r in rows),
             "unanswered": len(unanswered),
+            "unknown": sum(c.unknown for c in calls),
             "refused_503": sum(c.status == 503 for c in calls),
         }
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.db.engine import make_engine, make_sessionmaker
@@ -67,6 +68,37 @@ async def test_a_failing_write_fails_alone(sessions: async_sessionmaker[Any]) ->
     assert outcomes[0] == 1 and outcomes[2] == 2
     assert isinstance(outcomes[1], Exception)  # the duplicate key, and only it
     assert await rows(sessions) == [1, 2]
+
+
+async def test_a_lost_connection_fails_the_batch_without_running_it_again(
+    sessions: async_sessionmaker[Any],
+) -> None:
+    """A lost connection is no one write's fault, and a commit it interrupts may have
+    landed: the writes are not run again one by one (a second insert of a row that
+    was stored would fail as a duplicate, or apply an update twice)."""
+    calls: list[int] = []
+
+    def counted(n: int) -> Any:
+        async def op(session: AsyncSession) -> int:
+            calls.append(n)
+            if n == 0:
+                raise OperationalError("COMMIT", None, ConnectionResetError("lost"))
+            await session.execute(text("INSERT INTO t (n) VALUES (:n)"), {"n": n})
+            return n
+
+        return op
+
+    writer = BatchWriter(sessions)
+    await writer.start()
+    try:
+        outcomes = await asyncio.gather(
+            *(writer.write(counted(n)) for n in (1, 0, 2)), return_exceptions=True
+        )
+    finally:
+        await writer.close()
+    assert all(isinstance(o, OperationalError) for o in outcomes), outcomes
+    assert calls == [1, 0]  # one batch (all three were queued at once), never again
+    assert await rows(sessions) == []
 
 
 async def test_posted_writes_are_committed_in_order_and_on_close(
