@@ -27,6 +27,7 @@ never rename one) and an HTTP ``status``.
     │   └── InvalidNodeToken         403 invalid_node_token
     ├── NotFound                     404 not_found
     │   ├── PathNotFound             404 path_not_found       (in a sandbox)
+    │   ├── ArtifactNotFound         404 artifact_not_found   (nodes' artifact fetch)
     │   └── ImageNotFound            404 image_not_found
     ├── MethodNotAllowed             405 method_not_allowed
     ├── Conflict                     409 conflict
@@ -175,6 +176,10 @@ class NotFound(CorralError):
 
 class PathNotFound(NotFound):
     code, default_message = "path_not_found", "no such file or directory in the sandbox"
+
+
+class ArtifactNotFound(NotFound):
+    code, default_message = "artifact_not_found", "no function artifact of that tenant and hash"
 
 
 class ImageNotFound(NotFound):

@@ -13,6 +13,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
 from app import e2b
+from app.functions import artifact_routes
 from app.http.errors import HANDLERS
 from app.http.listeners import serving_keyless
 from app.http.middleware import BodySizeLimit, RequestMetrics
@@ -41,7 +42,12 @@ def create_app(settings: Settings | None = None, *, with_node: bool = True) -> S
                 yield
 
     app = Starlette(
-        routes=[*(ep.route() for ep in ENDPOINTS), *e2b.routes(), *images.routes()],
+        routes=[
+            *(ep.route() for ep in ENDPOINTS),
+            *e2b.routes(),
+            *images.routes(),
+            *artifact_routes.routes(),
+        ],
         middleware=[
             Middleware(RequestMetrics, metrics=metrics),
             Middleware(BodySizeLimit, limit=settings.max_body_bytes),

@@ -22,6 +22,7 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
 from app.db import files, tenants
+from app.db import functions as functions_repo
 from app.db.engine import make_engine, make_sessionmaker
 from app.db.migrate import upgrade
 from app.db.writer import BatchWriter
@@ -31,6 +32,7 @@ from app.dispatch.transport import GatewayTransport
 from app.errors import Conflict
 from app.failpoints import Failpoints
 from app.functions.artifacts import ArtifactCache
+from app.functions.resolver import Resolver
 from app.functions.schema import Validators
 from app.http.auth import Authenticator
 from app.images.catalog import ControlImages
@@ -79,13 +81,26 @@ class Services:
     reconciler: Reconciler
     sandboxes: Sandboxes
     images: ControlImages
+    resolver: Resolver  #: function rows and versions by name and number
     redis: Redis | None = None
     node: NodeAgent | None = None
-    #: Per-process caches of the tool-function path: artifacts by (tenant, hash), and
-    #: compiled input-schema validators by (immutable) function version.
+    #: Per-process caches of the tool-function path (with ``resolver``): artifacts by
+    #: (tenant, hash), and compiled input-schema validators by (immutable) function version.
     artifacts: ArtifactCache = field(default_factory=ArtifactCache)
     validators: Validators = field(default_factory=Validators)
     gauges: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    async def read_artifact(self, tenant_id: str, digest: str) -> bytes:
+        """A function artifact from this gateway's record: the embedded node's source of
+        what a Job names by digest (a separate node fetches it over HTTP)."""
+        data = self.artifacts.get(tenant_id, digest)
+        if data is None:
+            async with self.sessions() as session:
+                data = await functions_repo.artifact(
+                    session, tenant_id=tenant_id, content_hash=digest
+                )
+            self.artifacts.put(tenant_id, digest, data)
+        return data
 
     async def refresh_gauges(self) -> None:
         """Read the asynchronous gauges (queue depth) before a scrape."""
@@ -230,6 +245,7 @@ async def open_services(
             reconciler=reconciler,
             sandboxes=sandboxes,
             images=images,
+            resolver=Resolver(sessions, ttl_s=settings.function_cache_seconds),
             redis=redis,
         )
         stack.callback(services.validators.close)
@@ -248,7 +264,13 @@ async def open_services(
             node_metrics = NodeMetrics()
             metrics.include(node_metrics.registry)
             services.node = await stack.enter_async_context(
-                running_node(settings.node, node_transport, metrics=node_metrics, serve_http=False)
+                running_node(
+                    settings.node,
+                    node_transport,
+                    metrics=node_metrics,
+                    serve_http=False,
+                    fetch_artifact=services.read_artifact,
+                )
             )
         yield services
 

@@ -72,6 +72,13 @@ class Settings(DatabaseSettings):
     auth_cache_seconds: float = Field(
         2.0, ge=0, description="How long a verified API key is trusted without a database read."
     )
+    function_cache_seconds: float = Field(
+        1.0,
+        ge=0,
+        description="How long a function's row (its aliases, latest, deletion) is trusted "
+        "without a database read; changes made through this gateway apply at once, another "
+        "gateway's within this time (versions are immutable and cached without limit).",
+    )
     default_tenant: str | None = Field(
         None,
         description="Name of the tenant that keyless SandboxFusion-style requests act as "

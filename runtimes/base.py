@@ -16,6 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import ClassVar
 
+from runtimes.node.artifacts import Artifacts
 from runtimes.pools.accounting import IdleCapacity
 from wire.execution import LanguageInfo, RunResult, RunSpec
 
@@ -25,6 +26,9 @@ class Runtime(ABC):
 
     #: Registry name, e.g. ``"nsjail"``.
     name: ClassVar[str]
+    #: Where a backend gets the artifact a ``RunSpec.artifact`` names (set by the node
+    #: agent; None: such specs cannot run here).
+    artifacts: Artifacts | None = None
 
     async def start(self) -> None:  # noqa: B027 - optional hook, no-op by default
         """Prepare warm workers. Called once before the first ``run``."""

@@ -72,6 +72,17 @@ class RunSpec(BaseModel):
     )
     fetch_files: list[str] = Field(default_factory=list)
     limits: RunLimits = Field(default_factory=RunLimits)
+    artifact: str | None = Field(
+        None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="SHA-256 of a tool function's artifact (its WebAssembly module), which "
+        "the node takes from its cache or fetches by digest (ARTIFACT_PATH) instead of "
+        "files; set by the gateway only, never from a request body",
+    )
+
+
+#: Where a node fetches a function artifact it lacks, from the control plane (node token).
+ARTIFACT_PATH = "/internal/artifacts/{tenant_id}/{digest}"
 
 
 class StageResult(BaseModel):

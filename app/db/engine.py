@@ -9,11 +9,17 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async
 
 
 def make_engine(url: str) -> AsyncEngine:
-    kwargs: dict[str, Any] = {}
+    # Connections enough for the requests in flight: an overflow connection is closed when
+    # it is returned, and the next one is opened again (for aiosqlite: a new thread, a new
+    # open and the pragmas), which under 32 concurrent calls was most of a function
+    # call's cost.
+    # (PostgreSQL's connections are counted against its max_connections, shared by every
+    # gateway: fewer.)
+    kwargs: dict[str, Any]
     if url.startswith("sqlite"):
-        kwargs["connect_args"] = {"timeout": 30}
+        kwargs = {"pool_size": 32, "max_overflow": 32, "connect_args": {"timeout": 30}}
     else:
-        kwargs.update(pool_size=20, max_overflow=20, pool_pre_ping=True)
+        kwargs = {"pool_size": 20, "max_overflow": 20, "pool_pre_ping": True}
     engine = create_async_engine(url, **kwargs)
     if url.startswith("sqlite"):
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)

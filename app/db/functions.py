@@ -23,7 +23,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import Function, FunctionArtifact, FunctionVersion, utcnow
-from app.errors import Conflict, CorralError, NotFound, ValidationFailed
+from app.errors import ArtifactNotFound, Conflict, NotFound, ValidationFailed
 from wire.ids import new_id
 
 LATEST = "latest"
@@ -161,15 +161,19 @@ async def _version(session: AsyncSession, fn: Function, number: int) -> Function
     )
 
 
-async def resolve(session: AsyncSession, fn: Function, ref: str | None) -> FunctionVersion:
-    """The version named by ``ref``: a number, an alias, or (None) ``latest``."""
+def version_number(fn: Function, ref: str | None) -> int:
+    """The number of the version ``ref`` names: a number, an alias, or (None) ``latest``."""
     ref = ref or LATEST
     if ref.isdigit():
-        number = int(ref)
-    elif ref in fn.aliases:
-        number = int(fn.aliases[ref])
-    else:
-        raise NotFound(f"function {fn.name!r} has no version or alias {ref!r}")
+        return int(ref)
+    if ref in fn.aliases:
+        return int(fn.aliases[ref])
+    raise NotFound(f"function {fn.name!r} has no version or alias {ref!r}")
+
+
+async def resolve(session: AsyncSession, fn: Function, ref: str | None) -> FunctionVersion:
+    """The version named by ``ref``: a number, an alias, or (None) ``latest``."""
+    number = version_number(fn, ref)
     version = await _version(session, fn, number)
     if version is None:
         raise NotFound(f"function {fn.name!r} has no version {number}")
@@ -220,5 +224,5 @@ async def soft_delete(session: AsyncSession, *, tenant_id: str, name: str) -> No
 async def artifact(session: AsyncSession, *, tenant_id: str, content_hash: str) -> bytes:
     row = await session.get(FunctionArtifact, (tenant_id, content_hash))
     if row is None:
-        raise CorralError(f"artifact {content_hash} of tenant {tenant_id} is missing")
+        raise ArtifactNotFound(f"no artifact {content_hash[:12]} of tenant {tenant_id}")
     return bytes(row.content)

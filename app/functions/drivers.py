@@ -12,7 +12,6 @@ write its JSON result to stdout.
 
 from __future__ import annotations
 
-import base64
 import json
 
 from app.functions.languages import Driver
@@ -125,13 +124,16 @@ def build_spec(
     driver: Driver,
     entry_point: str,
     artifact: bytes,
+    artifact_digest: str,
     input_value: object,
     limits: RunLimits,
 ) -> RunSpec:
-    """The ``RunSpec`` of one invocation: the driver program, the input on stdin."""
+    """The ``RunSpec`` of one invocation: the driver program, the input on stdin. A module
+    goes by its digest (``RunSpec.artifact``): the node has it, or fetches it once."""
     stdin = json.dumps(input_value, separators=(",", ":"))
     if driver is Driver.MODULE:
-        files = {"module.wasm": base64.b64encode(artifact).decode("ascii")}
-        return RunSpec(language=language, code="", stdin=stdin, files=files, limits=limits)
+        return RunSpec(
+            language=language, code="", stdin=stdin, artifact=artifact_digest, limits=limits
+        )
     code = driver_source(driver, artifact.decode("utf-8"), entry_point)
     return RunSpec(language=language, code=code, stdin=stdin, limits=limits)

@@ -77,6 +77,7 @@ async def register(
     )
     async with services.sessions.begin() as session:
         fn, version, created = await repo.register(session, tenant_id=principal.tenant_id, new=new)
+    services.resolver.forget(principal.tenant_id, name)
     if created:
         log.info(
             "tenant %s: function %s version %s (%s, %s bytes, sha256 %s)",
@@ -123,6 +124,7 @@ class Target:
             driver=self.driver,
             entry_point=self.version.entry_point,
             artifact=self.artifact,
+            artifact_digest=self.version.content_hash,
             input_value=value,
             limits=limits_for(
                 principal.quota, memory_mb=limits["memory_mb"], run_timeout_s=limits["timeout_s"]
@@ -137,16 +139,15 @@ class Target:
 async def target(services: Services, principal: Principal, *, name: str, ref: str | None) -> Target:
     """The version ``ref`` (number, alias, or latest) of live function ``name``; 404s."""
     tenant_id = principal.tenant_id
-    async with services.sessions() as session:
-        fn = await repo.get(session, tenant_id=tenant_id, name=name)
-        version = await repo.resolve(session, fn, ref)
-        cache = services.artifacts
-        data = cache.get(tenant_id, version.content_hash)
-        if data is None:
+    fn, version = await services.resolver.resolve(tenant_id, name, ref)
+    cache = services.artifacts
+    data = cache.get(tenant_id, version.content_hash)
+    if data is None:
+        async with services.sessions() as session:
             data = await repo.artifact(
                 session, tenant_id=tenant_id, content_hash=version.content_hash
             )
-            cache.put(tenant_id, version.content_hash, data)
+        cache.put(tenant_id, version.content_hash, data)
     return Target(
         name=fn.name,
         version=version,

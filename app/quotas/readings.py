@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.db import blobs, usage
+from wire.singleflight import SingleFlight
 
 
 class Readings:
@@ -21,6 +22,7 @@ class Readings:
         self._sessions = sessions
         self._cache_s = cache_seconds
         self._cache: dict[tuple[str, str], tuple[float, float]] = {}  # -> (read at, value)
+        self._reads: SingleFlight[tuple[str, str], float] = SingleFlight("reading")
 
     async def cpu_seconds_today(self, tenant_id: str) -> float:
         """CPU-seconds the tenant used on the current UTC day."""
@@ -42,13 +44,21 @@ class Readings:
     async def _cached(
         self, what: str, tenant_id: str, read: Callable[[AsyncSession], Awaitable[float]]
     ) -> float:
-        now = time.monotonic()
-        hit = self._cache.get((what, tenant_id))
-        if hit is not None and now - hit[0] < self._cache_s:
+        key = (what, tenant_id)
+        hit = self._cache.get(key)
+        if hit is not None and time.monotonic() - hit[0] < self._cache_s:
             return hit[1]
+        # Callers that miss together share one read (an entry that expires under load
+        # would otherwise be read once per call in flight).
+        return await self._reads.do(key, lambda: self._read(key, read))
+
+    async def _read(
+        self, key: tuple[str, str], read: Callable[[AsyncSession], Awaitable[float]]
+    ) -> float:
+        read_at = time.monotonic()
         async with self._sessions() as session:
             value = await read(session)
-        self._cache[(what, tenant_id)] = (now, value)
+        self._cache[key] = (read_at, value)
         return value
 
 

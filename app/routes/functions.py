@@ -222,6 +222,7 @@ async def list_versions(call: Call) -> VersionList:
 async def delete_function(call: Call) -> None:
     async with call.services.sessions.begin() as session:
         await repo.soft_delete(session, tenant_id=call.tenant.tenant_id, name=call.path["name"])
+    call.services.resolver.forget(call.tenant.tenant_id, call.path["name"])
 
 
 @endpoint(
@@ -245,7 +246,8 @@ async def set_alias(call: Call) -> FunctionOut:
             alias=alias,
             version=body.version,
         )
-        return function_out(fn)
+    call.services.resolver.forget(call.tenant.tenant_id, call.path["name"])
+    return function_out(fn)
 
 
 @endpoint(
@@ -263,7 +265,8 @@ async def delete_alias(call: Call) -> FunctionOut:
             name=call.path["name"],
             alias=call.path["alias"],
         )
-        return function_out(fn)
+    call.services.resolver.forget(call.tenant.tenant_id, call.path["name"])
+    return function_out(fn)
 
 
 def _wants_async(request: Request) -> bool:

@@ -17,6 +17,7 @@ from starlette.routing import BaseRoute
 from runtimes import registry
 from runtimes.base import Runtime
 from runtimes.node.agent import NodeAgent
+from runtimes.node.artifacts import Artifacts, Source, http_source
 from runtimes.node.http import serving
 from runtimes.node.limits import raise_open_files_limit
 from runtimes.node.metrics import NodeMetrics
@@ -39,8 +40,12 @@ async def running_node(
     metrics: NodeMetrics | None = None,
     serve_http: bool = True,
     resolve_image: Callable[[str], RootImage] | None = None,
+    fetch_artifact: Source | None = None,
 ) -> AsyncIterator[NodeAgent]:
     """A node agent with its backends started; on exit it drains and releases them.
+
+    Function artifacts a Job names by digest come from ``fetch_artifact`` (the embedded
+    node: the gateway's record), else from the control plane at ``control_url``.
 
     With sandbox backends, the node's sandbox API is served too: on TCP beside
     ``/healthz`` (``serve_http``), else on a Unix socket in the data dir (embedded)."""
@@ -53,6 +58,12 @@ async def running_node(
         for backend in backends.values():
             await backend.close()
         raise
+    if fetch_artifact is None:
+        token = settings.node_token.get_secret_value() if settings.node_token else ""
+        fetch_artifact = http_source(settings.control_urls, token)
+    artifacts = Artifacts(fetch_artifact)
+    for backend in backends.values():
+        backend.artifacts = artifacts
     agent = NodeAgent(settings, transport, backends, metrics=metrics)
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(agent.close)  # also releases backends after a failed start

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtimes.base import Runtime
+from runtimes.node.artifacts import ArtifactUnavailable
 from runtimes.nsjail.cgroups import CgroupMode, CgroupSetup, detect
 from runtimes.nsjail.config import NsjailConfig
 from runtimes.pools import IdleCapacity
@@ -152,7 +153,7 @@ class WasmRuntime(Runtime):
         self._busy += 1
         try:
             if raw:
-                result = await self._run_module(spec, invocation_id)
+                result = await self._run_module(spec, tenant_id, invocation_id)
             else:
                 result = await self._call(spec, invocation_id, None) or RunResult(
                     error="the wasm worker asked for a module it was not given"
@@ -321,29 +322,45 @@ class WasmRuntime(Runtime):
             self._on_status(reply["status"])
         return RunResult.model_validate(reply["result"])
 
-    async def _run_module(self, spec: RunSpec, invocation_id: str) -> RunResult:
+    async def _run_module(self, spec: RunSpec, tenant_id: str, invocation_id: str) -> RunResult:
+        """A raw module: by digest (a tool function's ``spec.artifact``: its bytes are
+        fetched only if the worker lacks the module) or in ``files["module.wasm"]``."""
         started = time.perf_counter()
-        encoded = spec.files.get(languages.RAW_MODULE_FILE)
-        if encoded is None:
-            return _error_stage(
-                f"language {languages.RAW_LANGUAGE!r} needs the module as base64 in "
-                f"files[{languages.RAW_MODULE_FILE!r}]"
-            )
-        try:
-            data = base64.b64decode(encoded, validate=True)
-        except (binascii.Error, ValueError) as exc:
-            return _error_stage(f"file {languages.RAW_MODULE_FILE!r} is not valid base64: {exc}")
+        data: bytes | None = None
+        if spec.artifact is not None:
+            digest, slim = spec.artifact, spec
+        else:
+            encoded = spec.files.get(languages.RAW_MODULE_FILE)
+            if encoded is None:
+                return _error_stage(
+                    f"language {languages.RAW_LANGUAGE!r} needs the module as base64 in "
+                    f"files[{languages.RAW_MODULE_FILE!r}]"
+                )
+            try:
+                data = base64.b64decode(encoded, validate=True)
+            except (binascii.Error, ValueError) as exc:
+                return _error_stage(
+                    f"file {languages.RAW_MODULE_FILE!r} is not valid base64: {exc}"
+                )
+            digest = hashlib.sha256(data).hexdigest()
+            files = {k: v for k, v in spec.files.items() if k != languages.RAW_MODULE_FILE}
+            slim = spec.model_copy(update={"files": files})
+        first = await self._call(slim, invocation_id, digest)
+        if first is not None:
+            return first
+        if data is None:
+            if self.artifacts is None:
+                return RunResult(error="this node has no source of function artifacts")
+            try:
+                data = await self.artifacts.get(tenant_id, digest)
+            except ArtifactUnavailable as exc:
+                log.error("inv=%s %s", invocation_id, exc)
+                return RunResult(error=str(exc))
         limit = self.config.max_module_bytes
         if len(data) > limit:
             return _error_stage(f"module.wasm is {len(data)} bytes; the limit is {limit}")
         if not data.startswith(WASM_MAGIC):
             return _error_stage("module.wasm is not a WebAssembly binary (no \\0asm header)")
-        digest = hashlib.sha256(data).hexdigest()
-        files = {k: v for k, v in spec.files.items() if k != languages.RAW_MODULE_FILE}
-        slim = spec.model_copy(update={"files": files})
-        first = await self._call(slim, invocation_id, digest)
-        if first is not None:
-            return first
         compile_stage, error = await self._send_module(data, digest, spec, invocation_id)
         if error is not None:
             error.compile = compile_stage

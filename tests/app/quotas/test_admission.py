@@ -8,6 +8,7 @@ bounds one-sided or generous, so a loaded machine cannot make them flake.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -571,3 +572,22 @@ async def test_a_crashed_gateways_queue_entries_expire(harness: Harness) -> None
     await asyncio.sleep(0.3)
     assert await c.enter_queue(TENANT, depth=1, entry_id="next", ttl=5)
     await c.leave_queue(TENANT, entry_id="next")
+
+
+async def test_readings_missed_together_are_read_once() -> None:
+    """An entry that expires under load is read once, not once per call in flight."""
+    opened: list[int] = []
+
+    class Sessions:
+        def __call__(self) -> Any:
+            opened.append(1)
+            return contextlib.nullcontext(None)
+
+    readings = Readings(Sessions(), cache_seconds=60)  # type: ignore[arg-type]
+
+    async def slow(_: Any) -> float:
+        await asyncio.sleep(0.05)
+        return 7.0
+
+    got = await asyncio.gather(*(readings._cached("cpu", "t", slow) for _ in range(20)))
+    assert got == [7.0] * 20 and len(opened) == 1

@@ -8,6 +8,8 @@ One app per backend for the whole module (starting wasm compiles CPython once).
 from __future__ import annotations
 
 import base64
+import hashlib
+import json
 import os
 import subprocess
 import time
@@ -22,6 +24,7 @@ from app.main import create_app
 from app.settings import Settings
 from tests.conftest import ADMIN, ADMIN_KEY, node_settings
 from tests.requirements import require_tool
+from wire.messages import Job
 
 REPO = Path(__file__).resolve().parents[3]
 INTERPRETERS = Path(os.environ.get("CORRAL_DATA_DIR", REPO / "var")) / "wasm" / "interpreters"
@@ -189,6 +192,27 @@ def test_c_to_wasm(wasm_client: TestClient, tmp_path: Path) -> None:
     assert result["status"] == "succeeded", result
     assert result["output"] == {"n": 50, "fib": 12586269025}
     assert "fib(50) computed" in result["logs"]
+    # The Job names the module by digest: the row and the dispatch carry no bytes, and the
+    # node fetched the module once (the worker keeps it compiled by the same digest).
+    digest = hashlib.sha256(base64.b64decode(module)).hexdigest()
+    services = wasm_client.app.state.services  # type: ignore[attr-defined]
+    jobs: list[str] = []
+    dispatch = services.transport.dispatch
+
+    async def watched(job: Job, **kwargs: Any) -> None:
+        jobs.append(job.model_dump_json())
+        await dispatch(job, **kwargs)
+
+    services.transport.dispatch = watched
+    try:
+        again = _invoke(wasm_client, headers, "fib", {"n": 10})
+    finally:
+        services.transport.dispatch = dispatch
+    assert again["output"] == {"n": 10, "fib": 55}
+    (job,) = jobs
+    assert json.loads(job)["spec"]["artifact"] == digest
+    assert json.loads(job)["spec"]["files"] == {} and len(job) < 2_000, job
+    assert services.node.backends["wasm"].artifacts.fetched == 1
 
 
 def test_wasm_module_failures_leave_the_server_healthy(
