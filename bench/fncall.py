@@ -2,8 +2,11 @@
 
 Starts ``corral serve`` (embedded: SQLite, in-process dispatch, nsjail warm pool) unless
 ``--url`` names a running server, then drives ``POST /v1/run`` at each concurrency with
-one keep-alive HTTP client, and in the same run measures the baseline: one fresh one-shot
-nsjail jail per call (the same isolation flags, no pool). Prints one JSON document.
+one keep-alive HTTP client, and in the same run measures the baselines: one fresh one-shot
+nsjail jail per call (the same isolation flags, no pool), and a plain ``python3 -c``
+process per call (no isolation, as SandboxFusion's isolation-free mode runs code). Prints
+one JSON document. ``--runtimes fake --language fake --code '{}'`` measures the gateway's
+own cost (dev mode's fake backend).
 
 With ``--compare REV`` it also starts the server of an earlier commit (``git archive`` of
 REV, run with this virtualenv) and measures both in the same run, level by level, the
@@ -153,8 +156,14 @@ def one_shot_command() -> list[str]:
     return [*args, "--", "/usr/bin/python3", "-c", "print(1)"]
 
 
-async def baseline(requests: int, concurrency: int) -> dict[str, Any]:
-    command = one_shot_command()
+#: SandboxFusion's isolation-free mode: a plain interpreter process per call
+PLAIN_COMMAND = ["/usr/bin/python3", "-c", "print(1)"]
+
+
+async def baseline(
+    requests: int, concurrency: int, command: list[str] | None = None
+) -> dict[str, Any]:
+    command = command or one_shot_command()
     latencies: list[float] = []
     errors = 0
     semaphore = asyncio.Semaphore(concurrency)
@@ -201,11 +210,23 @@ async def measure(
         "node_slots": args.slots,
         "runtimes": args.runtimes,
         "corral": corral,
-        "baseline_one_shot_jail": [await baseline(args.baseline_requests, c) for c in levels],
+        "baseline_one_shot_jail": [
+            await baseline(args.baseline_requests, c) for c in levels if args.baseline_requests
+        ],
+        "baseline_plain_subprocess": [
+            await baseline(args.baseline_requests, c, PLAIN_COMMAND)
+            for c in levels
+            if args.baseline_requests
+        ],
     }
     if before is not None:
         results["before"] = {"revision": args.compare, "corral": earlier}
     return results
+
+
+def dev_env(runtimes: str) -> dict[str, str]:
+    """The fake backend (the gateway's cost without any jail) is offered in dev mode only."""
+    return {"CORRAL_DEV_MODE": "1"} if "fake" in runtimes.split(",") else {}
 
 
 def export(revision: str) -> Path:
@@ -238,13 +259,15 @@ def main() -> None:
         if args.url:
             url, key = args.url, args.api_key
         else:
-            server = Server(slots=args.slots, runtimes=args.runtimes)
+            server = Server(slots=args.slots, runtimes=args.runtimes, env=dev_env(args.runtimes))
             server.wait_ready()
             url, key = server.url, server.tenant_key()
         before = None
         if args.compare:
             tree = export(args.compare)
-            earlier = Server(slots=args.slots, runtimes=args.runtimes, root=tree)
+            earlier = Server(
+                slots=args.slots, runtimes=args.runtimes, root=tree, env=dev_env(args.runtimes)
+            )
             earlier.wait_ready()
             before = (earlier.url, earlier.tenant_key())
         results = asyncio.run(measure(url, key, args, before))

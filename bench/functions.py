@@ -6,6 +6,7 @@ function on CPython-in-wasm, and the same Python function on nsjail, each at sev
 concurrencies. The nsjail and wasm-python rows are each other's baseline. Prints JSON.
 
     .venv/bin/python bench/functions.py --requests 300 --concurrency 1,32
+    .venv/bin/python bench/functions.py --compare a4ab1bb   # before and after, same run
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ import asyncio
 import base64
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import httpx
-from fncall import Server, summary
+from fncall import Server, export, summary
 from httpload import load
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,24 +77,59 @@ async def drive(
     return result
 
 
-async def measure(url: str, key: str, args: argparse.Namespace) -> dict[str, Any]:
+async def measure(
+    url: str, key: str, args: argparse.Namespace, before: tuple[str, str] | None = None
+) -> dict[str, Any]:
     levels = [int(c) for c in args.concurrency.split(",")]
     cases = [
         ("fib-c", {"n": 20}),
         ("add-wasm-python", {"a": 2, "b": 3}),
         ("add-nsjail-python", {"a": 2, "b": 3}),
     ]
-    rows = []
+    rows, earlier = [], []
     for name, payload in cases:
         await drive(url, key, name, payload, requests=args.warmup, concurrency=4)
+        if before is not None:
+            await drive(*before, name, payload, requests=args.warmup, concurrency=4)
         for c in levels:
             rows.append(await drive(url, key, name, payload, requests=args.requests, concurrency=c))
-    return {
+            if before is not None:
+                earlier.append(
+                    await drive(*before, name, payload, requests=args.requests, concurrency=c)
+                )
+    results: dict[str, Any] = {
         "benchmark": "functions",
         "cpus": os.cpu_count(),
         "node_slots": args.slots,
         "results": rows,
     }
+    if before is not None:
+        results["before"] = {"revision": args.compare, "results": earlier}
+    return results
+
+
+def start(args: argparse.Namespace, root: Path = ROOT) -> tuple[Server, str, str]:
+    """A server with the three functions registered: (server, url, key)."""
+    server = Server(slots=args.slots, runtimes="nsjail,wasm", root=root)
+    server.wait_ready()
+    url, key = server.url, server.tenant_key()
+    register(
+        url,
+        key,
+        {
+            "name": "fib-c",
+            "language": "wasm",
+            "module_base64": fib_module(),
+            "input_schema": {"type": "object"},
+        },
+    )
+    for name, language in (("add-wasm-python", "wasm-python"), ("add-nsjail-python", "python")):
+        register(
+            url,
+            key,
+            {"name": name, "language": language, "code": PYTHON_HANDLER, "input_schema": SCHEMA},
+        )
+    return server, url, key
 
 
 def main() -> None:
@@ -101,35 +138,25 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--concurrency", default="1,32")
     parser.add_argument("--slots", type=int, default=8)
+    parser.add_argument("--compare", help="also measure the server of this earlier commit")
     args = parser.parse_args()
-    server = Server(slots=args.slots, runtimes="nsjail,wasm")
+    servers: list[Server] = []
+    tree = None
     try:
-        server.wait_ready()
-        url, key = server.url, server.tenant_key()
-        register(
-            url,
-            key,
-            {
-                "name": "fib-c",
-                "language": "wasm",
-                "module_base64": fib_module(),
-                "input_schema": {"type": "object"},
-            },
-        )
-        for name, language in (("add-wasm-python", "wasm-python"), ("add-nsjail-python", "python")):
-            register(
-                url,
-                key,
-                {
-                    "name": name,
-                    "language": language,
-                    "code": PYTHON_HANDLER,
-                    "input_schema": SCHEMA,
-                },
-            )
-        results = asyncio.run(measure(url, key, args))
+        server, url, key = start(args)
+        servers.append(server)
+        before = None
+        if args.compare:
+            tree = export(args.compare)
+            earlier, before_url, before_key = start(args, root=tree)
+            servers.append(earlier)
+            before = (before_url, before_key)
+        results = asyncio.run(measure(url, key, args, before))
     finally:
-        server.stop()
+        for started in servers:
+            started.stop()
+        if tree is not None:
+            shutil.rmtree(tree, ignore_errors=True)
     print(json.dumps(results, indent=2))
 
 

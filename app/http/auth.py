@@ -28,6 +28,7 @@ from app.errors import AdminRequired, InvalidApiKey, TenantDisabled, Unauthentic
 from app.http.endpoint import Auth
 from app.http.listeners import is_keyless
 from app.quotas.spec import QuotaLimits
+from wire.singleflight import SingleFlight
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,8 @@ class Authenticator:
         self._admin_key = admin_key
         self._cache_s = cache_seconds
         self._cache: dict[str, tuple[float, Principal]] = {}
+        self._lookups: SingleFlight[str, Principal] = SingleFlight("auth")
+        self._generation = 0  #: bumped by every ``forget_tenant``
         self._default_tenant = default_tenant
         self._default: tuple[float, Principal] | None = None
 
@@ -90,10 +93,14 @@ class Authenticator:
         return principal
 
     async def tenant_for(self, presented: str) -> Principal:
-        now = time.monotonic()
         hit = self._cache.get(presented)
-        if hit is not None and now - hit[0] < self._cache_s:
+        if hit is not None and time.monotonic() - hit[0] < self._cache_s:
             return hit[1]
+        # the calls in flight when a key's entry expires share one read and check
+        return await self._lookups.do(presented, lambda: self._lookup(presented))
+
+    async def _lookup(self, presented: str) -> Principal:
+        now, generation = time.monotonic(), self._generation
         parsed = keys.parse(presented)
         if parsed is None:
             raise InvalidApiKey()
@@ -107,7 +114,7 @@ class Authenticator:
         if tenant.disabled:
             raise TenantDisabled()
         principal = Principal(tenant.id, api_key.id, self._quota(tenant))
-        if self._cache_s > 0:
+        if self._cache_s > 0 and generation == self._generation:
             self._cache[presented] = (now, principal)
         return principal
 
@@ -115,7 +122,9 @@ class Authenticator:
         return QuotaLimits.stored(tenant.quota.limits, self._default_quota)
 
     def forget_tenant(self, tenant_id: str) -> None:
-        """Drop cached principals of a tenant (after a change to it or its keys)."""
+        """Drop cached principals of a tenant (after a change to it or its keys); a
+        lookup in flight, which may have read the tenant before the change, is not kept."""
+        self._generation += 1
         for presented in [k for k, (_, p) in self._cache.items() if p.tenant_id == tenant_id]:
             del self._cache[presented]
         self._default = None
