@@ -86,6 +86,8 @@ async def measure(
         ("add-wasm-python", {"a": 2, "b": 3}),
         ("add-nsjail-python", {"a": 2, "b": 3}),
     ]
+    if args.only:
+        cases = [case for case in cases if case[0] in args.only.split(",")]
     rows, earlier = [], []
     for name, payload in cases:
         await drive(url, key, name, payload, requests=args.warmup, concurrency=4)
@@ -139,6 +141,7 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,32")
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--compare", help="also measure the server of this earlier commit")
+    parser.add_argument("--only", help="these functions only (comma-separated names)")
     args = parser.parse_args()
     servers: list[Server] = []
     tree = None
