@@ -70,6 +70,9 @@ class Endpoint:
     errors: tuple[int, ...] = ()
     #: The OpenAPI schema of a multipart/form-data body the handler reads itself.
     form: dict[str, Any] | None = None
+    #: The media type of the streamed answer the handler gives instead of ``response``
+    #: when asked to (e.g. ``application/x-ndjson``), and what its lines are.
+    stream: tuple[str, str] | None = None
 
     def route(self) -> Route:
         async def endpoint(request: Request) -> Response:
@@ -108,10 +111,23 @@ def endpoint(
     status: int = 200,
     errors: tuple[int, ...] = (),
     form: dict[str, Any] | None = None,
+    stream: tuple[str, str] | None = None,
 ) -> Callable[[Handler], Endpoint]:
     def wrap(handler: Handler) -> Endpoint:
         return Endpoint(
-            method, path, handler, summary, tags, auth, body, query, response, status, errors, form
+            method,
+            path,
+            handler,
+            summary,
+            tags,
+            auth,
+            body,
+            query,
+            response,
+            status,
+            errors,
+            form,
+            stream,
         )
 
     return wrap

@@ -59,6 +59,11 @@ def build(endpoints: list[Endpoint], *, title: str, version: str) -> dict[str, A
         ok: dict[str, Any] = {"description": "OK"}
         if ep.response is not None:
             ok["content"] = {"application/json": {"schema": refs[(ep.response, "serialization")]}}
+        if ep.stream is not None:
+            media_type, lines = ep.stream
+            ok.setdefault("content", {})[media_type] = {
+                "schema": {"type": "string", "description": lines}
+            }
         op["responses"][str(ep.status)] = ok
         error_ref = refs[(ErrorResponse, "serialization")]
         has_body = ep.body is not None or ep.form is not None

@@ -167,6 +167,10 @@ async def set_timeout(call: Call) -> SandboxOut:
     tags=TAGS,
     body=ExecBody,
     response=ExecOut,
+    stream=(
+        "application/x-ndjson",
+        'with "stream": true: one JSON event per line (started, output, exit) as they come',
+    ),
 )
 async def exec_command(call: Call) -> ExecOut | Response:
     body: ExecBody = call.body

@@ -196,3 +196,13 @@ def test_openapi_documents_auth_bodies_and_path_parameters(client: TestClient) -
         "language",
         "before",
     }
+
+
+def test_openapi_documents_the_streamed_exec_answer(client: TestClient) -> None:
+    """``"stream": true`` answers NDJSON: the document says so (schemathesis checks that
+    every answer's media type is documented)."""
+    exec_op = client.get("/openapi.json").json()["paths"]["/v1/sandboxes/{sandbox_id}/exec"]["post"]
+    assert set(exec_op["responses"]["200"]["content"]) == {
+        "application/json",
+        "application/x-ndjson",
+    }
