@@ -10,6 +10,7 @@ its dispatch intent, and the reconciler hands it out again when the process rest
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import itertools
 import time
@@ -146,19 +147,16 @@ class InProcessTransport(GatewayTransport, NodeTransport):
     ) -> AsyncIterator[Delivery]:
         own = keys.jobs_for_node(node_id)
         prefixes = tuple(keys.jobs(runtime, "") for runtime in runtimes)
-        turn = 0
+        last = ""  # the overflow stream taken from last
         while True:
-            # Its own stream first, then the tenants' overflow queues one after another.
+            # Its own stream first, then the tenants' overflow queues in a ring ordered by
+            # name, starting after the one taken from last.
             overflow = sorted(s for s, q in self._streams.items() if q and s.startswith(prefixes))
-            order = (
-                [own, *overflow[turn % len(overflow) :], *overflow[: turn % len(overflow)]]
-                if overflow
-                else [own]
-            )
-            delivery = self._take(order)
+            start = bisect.bisect_right(overflow, last)
+            delivery = self._take([own, *overflow[start:], *overflow[:start]])
             if delivery is not None:
                 if delivery.ref.stream != own:
-                    turn = overflow.index(delivery.ref.stream) + 1
+                    last = delivery.ref.stream
                 yield delivery
                 continue
             async with self._arrived:

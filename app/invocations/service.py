@@ -161,47 +161,51 @@ class Invocations:
         function_version_id: str | None,
         record: dict[str, Any] | None,
     ) -> tuple[Invocation, Job]:
-        """Place, commit the row with its Job, then dispatch the Job."""
+        """Place, commit the row with its Job, then dispatch the Job. The placement
+        counts against its node until the dispatch is over (``Placement.landed``)."""
         placement = await self._placement.place(spec.language, principal.tenant_id)
-        job = Job(
-            invocation_id=new_id("inv"),
-            tenant_id=principal.tenant_id,
-            kind=kind,
-            runtime=placement.runtime,
-            spec=spec,
-            claim=new_claim(),
-            attempt=1,
-            reply_to=self._transport.gateway_id,
-            enqueued_at=time.time(),
-        )
-        row = await self._record(
-            invocations.Create(
-                invocation_id=job.invocation_id,
+        try:
+            job = Job(
+                invocation_id=new_id("inv"),
                 tenant_id=principal.tenant_id,
                 kind=kind,
                 runtime=placement.runtime,
-                language=spec.language,
-                request=record if record is not None else _request_record(spec),
-                claim=job.claim,
-                job=job.model_dump_json(),
-                function_version_id=function_version_id,
+                spec=spec,
+                claim=new_claim(),
+                attempt=1,
+                reply_to=self._transport.gateway_id,
+                enqueued_at=time.time(),
             )
-        )
-        self._failpoints.hit("invocations.after_commit")
-        self._waiters.expect(job.invocation_id)
-        try:
-            await self._transport.dispatch(
-                job,
-                node_id=placement.node_id,
-                hold_s=self._timing.hold_s,
-                queue_s=self._timing.queue_s,
+            row = await self._record(
+                invocations.Create(
+                    invocation_id=job.invocation_id,
+                    tenant_id=principal.tenant_id,
+                    kind=kind,
+                    runtime=placement.runtime,
+                    language=spec.language,
+                    request=record if record is not None else _request_record(spec),
+                    claim=job.claim,
+                    job=job.model_dump_json(),
+                    function_version_id=function_version_id,
+                )
             )
-        except Exception as exc:  # the row holds the Job: the reconciler sends it
-            self._metrics.dispatch_failures.inc()
-            log.warning(
-                "inv=%s dispatch failed (%r); left to the reconciler", job.invocation_id, exc
-            )
-        return row, job
+            self._failpoints.hit("invocations.after_commit")
+            self._waiters.expect(job.invocation_id)
+            try:
+                await self._transport.dispatch(
+                    job,
+                    node_id=placement.node_id,
+                    hold_s=self._timing.hold_s,
+                    queue_s=self._timing.queue_s,
+                )
+            except Exception as exc:  # the row holds the Job: the reconciler sends it
+                self._metrics.dispatch_failures.inc()
+                log.warning(
+                    "inv=%s dispatch failed (%r); left to the reconciler", job.invocation_id, exc
+                )
+            return row, job
+        finally:
+            placement.landed()
 
     async def _record(self, create: invocations.Create) -> Invocation:
         """Commit ``create``'s row. A connection lost during the commit leaves it unknown

@@ -15,7 +15,7 @@ import random
 from dataclasses import dataclass
 
 from app.errors import NoCapacity, UnsupportedRuntime
-from app.placement.catalogue import Catalogue
+from app.placement.catalogue import Catalogue, Placed
 from wire.messages import NodeReport, pool_key
 
 
@@ -23,6 +23,12 @@ from wire.messages import NodeReport, pool_key
 class Placement:
     runtime: str
     node_id: str | None  #: None: the runtime's overflow stream
+    placed: Placed | None = None  #: counted against the node until ``landed``
+
+    def landed(self) -> None:
+        """The dispatch is over (the Job is on the node's stream, or it failed)."""
+        if self.placed is not None:
+            self.placed.landed()
 
 
 class BestOfK:
@@ -52,8 +58,7 @@ class BestOfK:
         if with_room:
             sample = self._rng.sample(with_room, min(self._k, len(with_room)))
             node, runtime = max(sample, key=lambda c: self._score(c[0], c[1], language, tenant_id))
-            self.catalogue.placed(node.node_id, runtime)
-            return Placement(runtime, node.node_id)
+            return Placement(runtime, node.node_id, self.catalogue.placed(node.node_id, runtime))
         runtime = offering[0][1]
         waiting = self.catalogue.backlog(runtime)
         if waiting >= self._max_queued:

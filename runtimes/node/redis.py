@@ -3,8 +3,9 @@
 A node reads its own job stream (``keys.jobs_for_node``) and the tenants' overflow
 streams of its runtimes (``keys.jobs``, one per tenant; ``keys.queues`` lists them) in the
 ``NODE_GROUP`` consumer group, under its node id as consumer name. It takes overflow work
-one tenant after another: each read asks the next tenants in turn for one Job each, as
-many tenants as it has free slots, so a tenant's wait does not grow with another
+one tenant after another: each read asks the next tenants in a ring ordered by tenant
+(starting after the one the last read ended on) for one Job each, as many tenants as it
+has free slots, so a tenant's wait does not grow with another
 tenant's backlog. At start it first re-reads what it had taken before a restart
 (its pending entries). Claiming runs one Lua script that checks the Job's token against
 the dispatch marker, records this node as the holder and publishes ``Started`` on the
@@ -14,6 +15,7 @@ at once; a finished one is acknowledged by the recorder, after it stored the res
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
 import time
@@ -273,7 +275,7 @@ class _TenantQueues:
         self._forget = redis.register_script(_FORGET_EMPTY)
         self._streams: list[str] = []
         self._read_at = -1e18
-        self._next = 0
+        self._last = ""  #: the stream the last turn ended on
 
     async def streams(self, *, forget_empty: bool = False) -> list[str]:
         if forget_empty:
@@ -288,17 +290,19 @@ class _TenantQueues:
             found = []
             for runtime in self._runtimes:
                 tenants = await self._redis.smembers(keys.queues(runtime))
-                found += [keys.jobs(runtime, tenant) for tenant in sorted(tenants)]
-            self._streams, self._read_at = found, now
+                found += [keys.jobs(runtime, tenant) for tenant in tenants]
+            self._streams, self._read_at = sorted(found), now
         return self._streams
 
     async def turn(self, count: int) -> list[str]:
-        """The next ``count`` tenants' streams, starting where the last turn stopped."""
+        """The next ``count`` tenants' streams in a ring ordered by name, starting after
+        the stream the last turn ended on. A tenant that queued since is placed in the
+        ring by its name, not by its arrival, so a position counted in a list that has
+        grown since cannot skip it."""
         streams = await self.streams()
         if not streams:
             return []
-        start = self._next % len(streams)
-        rotated = streams[start:] + streams[:start]
-        chosen = rotated[: min(count, len(streams))]
-        self._next = start + len(chosen)
+        start = bisect.bisect_right(streams, self._last) % len(streams)
+        chosen = (streams[start:] + streams[:start])[: min(count, len(streams))]
+        self._last = chosen[-1]
         return chosen

@@ -194,6 +194,27 @@ async def test_placed_work_goes_to_its_node_overflow_to_any(pair: Pair) -> None:
     assert overflow.job.invocation_id == "inv_5"
 
 
+async def test_a_tenant_that_queues_behind_a_backlog_is_taken_next(pair: Pair) -> None:
+    """Overflow is taken one tenant after another in a ring of tenants: one that queues
+    while a node works through another's backlog is the next one taken, wherever its
+    name falls in the ring (``ten_a`` sorts before ``ten_b``)."""
+    gw, node = pair.gateway, pair.node()
+    for n in range(3):
+        busy = job(10 + n, gw.gateway_id).model_copy(update={"tenant_id": "ten_b"})
+        await gw.dispatch(busy, node_id=None, hold_s=60, queue_s=60)
+    stream = node.deliveries("node-a", ["fake"], lambda: 1)
+    try:
+        first = await asyncio.wait_for(anext(stream), 5)
+        assert first.job.tenant_id == "ten_b"
+        quiet = job(20, gw.gateway_id).model_copy(update={"tenant_id": "ten_a"})
+        await gw.dispatch(quiet, node_id=None, hold_s=60, queue_s=60)
+        await asyncio.sleep(0.3)  # past the node's refresh of the set of tenants
+        second = await asyncio.wait_for(anext(stream), 5)
+        assert second.job.invocation_id == "inv_20"
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
+
+
 async def test_catalogue_and_dead_nodes(pair: Pair) -> None:
     gw, node = pair.gateway, pair.node()
     await node.announce(report("node-a"))

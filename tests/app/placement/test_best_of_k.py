@@ -101,3 +101,27 @@ async def test_an_empty_catalogue_is_read_again_so_the_first_node_counts_at_once
     assert [n.node_id for n in await catalogue.nodes()] == ["n1"]  # not the cached emptiness
     await transport.announce(node("n2"))
     assert [n.node_id for n in await catalogue.nodes()] == ["n1"]  # a filled copy is cached
+
+
+async def test_a_placement_counts_until_a_report_made_after_its_job_landed() -> None:
+    """The row's commit sits between a placement and its Job reaching the node's stream:
+    a report made in between (however long after the placement) has not seen the Job,
+    so the slot stays counted until a report made after the Job landed."""
+    wall = [1000.0]
+    transport = InProcessTransport(dead_after_s=600)
+    p = BestOfK(Catalogue(transport, refresh_s=0, wall=lambda: wall[0]), k=1, max_queued=10)
+
+    async def report(at: float, free: int) -> None:
+        await transport.announce(node("n1", free=free).model_copy(update={"reported_at": at}))
+
+    await report(1000.0, free=1)
+    first = await p.place("bash", "t")
+    assert first.node_id == "n1"
+    wall[0] = 1002.0  # a slow commit: the node reports again, without the Job
+    await report(1002.0, free=1)
+    assert (await p.place("bash", "t")).node_id is None  # still counted: overflow
+    first.landed()  # the Job reaches the node's stream at 1002
+    await report(1002.2, free=1)  # within the margin: the report may have missed it
+    assert (await p.place("bash", "t")).node_id is None
+    await report(1003.0, free=1)  # a report that counted it (its slot is free again)
+    assert (await p.place("bash", "t")).node_id == "n1"
