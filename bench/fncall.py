@@ -68,6 +68,9 @@ class Server:
         self.log = (self.dir / "server.log").open("wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "app", "serve", "--log-level", "warning"],
+            # ``-m`` puts the working directory first on sys.path, before PYTHONPATH: run
+            # from ``root``, or an earlier commit's server would import this tree
+            cwd=root,
             env=env,
             stdout=self.log,
             stderr=subprocess.STDOUT,
