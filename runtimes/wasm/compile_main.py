@@ -2,7 +2,8 @@
 
 Runs inside a jail (``runtimes.wasm.jail``) started by ``runtimes.wasm.compiler`` for one
 module and then gone, so a module that subverts the compiler reaches only its own output.
-stdin: one frame (``runtimes.wasm.protocol``) ``{config, parallel}`` + the module's bytes.
+stdin: one frame (``runtimes.wasm.protocol``) ``{config, parallel}`` + the module's bytes
+(a core module, or a component: ``runtimes.wasm.pycomponent``).
 stdout: one frame ``{}`` + the serialized module, or ``{error}`` when the bytes are not a
 valid module. Exit status 0 either way; anything else (killed by its CPU or memory limit)
 is judged by the host.
@@ -43,14 +44,17 @@ def main() -> None:
     data = _read_exact(0, blob_len)
 
     from wasmtime import Engine, Module, WasmtimeError
+    from wasmtime.component import Component
 
     from runtimes.wasm.config import WasmConfig
     from runtimes.wasm.engine import engine_config
+    from runtimes.wasm.pycomponent import is_component
 
     config = WasmConfig.model_validate(msg["config"])
     engine = Engine(engine_config(config, parallel=bool(msg.get("parallel"))))
     try:
-        compiled = bytes(Module(engine, data).serialize())
+        code = Component(engine, data) if is_component(data) else Module(engine, data)
+        compiled = bytes(code.serialize())
     except WasmtimeError as exc:
         text = " ".join(str(exc).split())
         _write_all(1, encode({"op": "compiled", "error": text[:600]}))

@@ -86,15 +86,20 @@ class WasmConfig(BaseModel):
     )
     warmup_timeout_s: float = Field(30.0, gt=0, description="Time an instance has to get ready")
     warmup_memory_mb: int = Field(256, ge=16, description="Memory cap while an instance warms up")
-    python_preload: tuple[str, ...] = Field(
-        (),
-        description="Modules a warm Python instance imports before it waits for its program: "
-        "faster calls that use them, but every call pays their import in warm-up CPU",
-    )
     host_grace_s: float = Field(
         2.0, gt=0, description="Host backstop beyond the epoch deadline before a call is abandoned"
     )
     close_timeout_s: float = Field(10.0, gt=0, description="Wait for instance threads in close()")
+    max_stuck_instances: int = Field(
+        8,
+        ge=1,
+        description="Abandoned instances whose guest is still blocked in a host call (a "
+        "select with a long timeout) a worker may hold; at this many the node starts a new "
+        "worker for new calls and closes the old one once its calls are answered",
+    )
+    retire_drain_s: float = Field(
+        120.0, gt=0, description="How long a replaced worker's running calls may take to end"
+    )
 
     # --- engine ------------------------------------------------------------------------
     epoch_tick_ms: float = Field(10.0, gt=0, le=1000, description="Epoch ticker period")
@@ -164,6 +169,9 @@ class WasmConfig(BaseModel):
     )
     interpreter_compile_timeout_s: float = Field(
         600.0, gt=0, description="CPU-time limit of compiling one interpreter"
+    )
+    component_build_timeout_s: float = Field(
+        300.0, gt=0, description="Time limit of building the pre-initialised Python component"
     )
     interpreter_compile_memory_mb: int = Field(
         4096, ge=256, description="cgroup memory of the compile jail of an interpreter"

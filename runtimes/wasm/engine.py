@@ -1,4 +1,4 @@
-"""One wasmtime ``Engine`` per configuration, its ``Linker`` and its epoch ticker.
+"""One wasmtime ``Engine`` per configuration, its linkers and its epoch ticker.
 
 Time limits are epoch deadlines: a ticker thread increments the engine's epoch every
 ``epoch_tick_ms`` and each store traps with ``TrapCode.INTERRUPT`` once the epoch passes
@@ -25,6 +25,7 @@ import time
 import weakref
 
 from wasmtime import Config, Engine, Linker
+from wasmtime.component import Linker as ComponentLinker
 
 from runtimes.wasm import hostcalls
 from runtimes.wasm.config import WasmConfig
@@ -82,6 +83,10 @@ class WasmEngine:
         self.linker = Linker(self.engine)
         self.linker.define_wasi()
         hostcalls.install(self.linker)
+        #: WASI 0.2 and the Python component's ``sleep`` (``runtimes.wasm.pycomponent``)
+        self.component_linker = ComponentLinker(self.engine)
+        self.component_linker.add_wasip2()
+        hostcalls.install_component(self.component_linker)
         self._max_ticks = 1
         self._epoch = 0
         self._ticks_lock = threading.Lock()

@@ -2,9 +2,11 @@
 
 Interpreter languages run on a warm instance from the shared warm-pool framework
 (``runtimes.pools.Pool`` with ``WasmWorkers``, one key per interpreter; one call each,
-then discarded); raw modules get a fresh instance from their ``InstancePre``. Both report
-through the same path: arm the limits, let the guest run, wait for its outcome (with a
-host backstop past the deadline), map it to a ``StageResult``.
+then discarded), except the pre-initialised Python component, which needs no
+warming: each call instantiates it afresh. Raw modules get a fresh instance from their
+``InstancePre``. All report through the same path: arm the limits, let the guest run,
+wait for its outcome (with a host backstop past the deadline), map it to a
+``StageResult``.
 
 Modules arrive compiled (``ModuleLoader``): the executor never compiles. A raw module that
 is not loaded makes ``run`` return None, and the node sends it.
@@ -13,6 +15,8 @@ is not loaded makes ``run`` return None, and the node sends it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import itertools
 import logging
 import shutil
@@ -42,6 +46,8 @@ from wire.messages import pool_key
 log = logging.getLogger(__name__)
 
 OUTPUT_RELEASE_TIMEOUT_S = 2.0
+#: Core instances a component may create (the caller's modules get ``max_instances``).
+COMPONENT_INSTANCES = 16
 RUNTIME_NAME = "wasm"
 
 
@@ -54,6 +60,9 @@ class WasmExecutor:
             tables=cfg.max_tables,
             memories=cfg.max_memories,
         )
+        # The Python component is several core instances linked together (16 covers the
+        # build of componentize-py 0.25.1; a test instantiates it under these caps).
+        self._component_caps = dataclasses.replace(self._caps, instances=COMPONENT_INSTANCES)
         self._run_dir = run_dir
         self._names = itertools.count(1)
         self._engine = WasmEngine(cfg)
@@ -63,12 +72,16 @@ class WasmExecutor:
         self._interpreters: dict[str, LoadedModule] = {}
         self._live: set[Instance] = set()
         self._busy: set[Instance] = set()
+        #: instances answered as abandoned whose guest thread has not ended yet
+        self._stuck: set[Instance] = set()
         self._lock = threading.Lock()
         self._closed = False
 
     def load_interpreter(self, language: str, sha256: str, compiled: bytes) -> None:
         """Map a compiled interpreter (raises ``InterpreterError``)."""
-        loaded = self._loader.load_interpreter(language, sha256, compiled)
+        loaded = self._loader.load_interpreter(
+            language, sha256, compiled, component=INTERPRETERS[language].component
+        )
         self._interpreters[language] = loaded
         log.info("wasm worker: %s loaded in %.0f ms", language, loaded.load_ms)
 
@@ -116,9 +129,12 @@ class WasmExecutor:
         pool = self._pool
         gauges = pool.stats() if pool is not None else {}
         idle: dict[str, IdleCapacity] = pool.idle_capacity() if pool is not None else {}
+        with self._lock:
+            stuck = len(self._stuck)
         return {
             "warm": gauges.get("warm", 0),
             "starting": gauges.get("starting", 0),
+            "stuck": stuck,
             "inventory": pool.inventory() if pool is not None else {},
             "idle": {
                 key: [cap.instance_seconds, cap.memory_mb_seconds, cap.starts, cap.cold_starts]
@@ -157,6 +173,7 @@ class WasmExecutor:
         makers = {
             pool_key(RUNTIME_NAME, name): (name, self._warm_maker(INTERPRETERS[name], loaded))
             for name, loaded in self._interpreters.items()
+            if loaded.component is None
         }
         pool = Pool(WasmWorkers(makers), self.config.pool_config(), name=RUNTIME_NAME)
         for key in makers:
@@ -187,6 +204,26 @@ class WasmExecutor:
                     f"file {interp.source_file!r} would overwrite the program's source file"
                 )
             files[interp.source_file] = spec.code.encode("utf-8", "replace")
+        call = functools.partial(
+            self._call,
+            spec=spec,
+            files=files,
+            invocation_id=invocation_id,
+            started=started,
+            oom_markers=interp.oom_markers,
+        )
+        loaded = self._interpreters[spec.language]
+        if loaded.component is not None:  # a fresh instance of the snapshot
+            return await call(
+                self._new_instance(
+                    loaded,
+                    argv=interp.argv(self.config),
+                    limits=self._limits(spec),
+                    warm=False,
+                    stdin_data=spec.stdin.encode("utf-8", "replace"),
+                    source=spec.code,
+                )
+            )
         pool = self._pool
         if pool is None:
             return RunResult(error="the wasm runtime is not running")
@@ -197,15 +234,7 @@ class WasmExecutor:
             log.error("inv=%s %s", invocation_id, exc)
             return RunResult(error=str(exc), setup_ms=_ms(started))
         try:
-            return await self._call(
-                inst,
-                spec,
-                files,
-                invocation_id,
-                started=started,
-                payload=interp.payload(spec.code, spec.stdin),
-                oom_markers=interp.oom_markers,
-            )
+            return await call(inst, payload=interp.payload(spec.code, spec.stdin))
         finally:
             pool.release(inst, context=context)
 
@@ -270,10 +299,15 @@ class WasmExecutor:
                     asyncio.shield(waiting), limits.wall_limit_s + self.config.host_grace_s
                 )
             except TimeoutError:
+                with self._lock:
+                    self._stuck.add(inst)
+                    stuck = len(self._stuck)
+                inst.on_done(self._unstick)
                 log.error(
-                    "inv=%s instance %s ignored its deadline; abandoned",
+                    "inv=%s instance %s ignored its deadline; abandoned (%d stuck)",
                     invocation_id,
                     inst.id,
+                    stuck,
                 )
             exec_done = time.perf_counter()
             stage = results.stage_result(
@@ -326,6 +360,7 @@ class WasmExecutor:
         limits: CallLimits,
         warm: bool,
         stdin_data: bytes | None = None,
+        source: str | None = None,
     ) -> Instance:
         host_dir = HostDir.create(self._run_dir, f"i{next(self._names)}")
         try:
@@ -334,11 +369,12 @@ class WasmExecutor:
                 module,
                 argv=argv,
                 host_dir=host_dir,
-                caps=self._caps,
+                caps=self._component_caps if module.component is not None else self._caps,
                 limits=limits,
                 writable_workdir=self.config.writable_workdir,
                 ready_marker=READY_MARKER if warm else None,
                 stdin_data=stdin_data,
+                source=source,
                 on_dispose=self._untrack,
             )
         except BaseException:
@@ -347,6 +383,10 @@ class WasmExecutor:
         with self._lock:
             self._live.add(inst)
         return inst
+
+    def _unstick(self, inst: Instance) -> None:
+        with self._lock:
+            self._stuck.discard(inst)
 
     def _untrack(self, inst: Instance) -> None:
         with self._lock:

@@ -1,4 +1,5 @@
-"""Our own ``poll_oneoff`` and ``clock_time_get``, shadowing wasmtime's WASI versions.
+"""Our own ``poll_oneoff`` and ``clock_time_get``, shadowing wasmtime's WASI versions,
+and the ``sleep`` the Python component imports.
 
 Epoch interruption only fires while wasm code runs: a guest sleeping inside a host call
 (``time.sleep(3600)`` is one ``poll_oneoff``) would hold its thread past any deadline and
@@ -30,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from wasmtime import Caller, FuncType, Linker, Memory, ValType
+from wasmtime.component import Linker as ComponentLinker
 
 log = logging.getLogger(__name__)
 
@@ -204,6 +206,21 @@ def _sleep_until(wake: float, clock: GuestClock | None) -> None:
             pass
     finally:
         clock.slept_s += time.monotonic() - now
+
+
+def component_sleep(_store: object, nanos: int) -> None:
+    """The ``sleep`` import of the pre-initialised Python component
+    (``runtimes.wasm.pycomponent``): the same capped, cancellable sleep."""
+    try:
+        _sleep_until(time.monotonic() + max(0, nanos) / 1e9, _bound())
+    except Exception:
+        log.exception("wasm sleep failed")
+
+
+def install_component(linker: ComponentLinker) -> None:
+    """Define the component's own imports in ``linker`` (after ``add_wasip2``)."""
+    with linker.root() as root:
+        root.add_func("sleep", component_sleep)
 
 
 def install(linker: Linker) -> None:

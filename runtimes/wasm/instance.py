@@ -8,7 +8,9 @@ globals, files or descriptors. Its life:
    bounded stdout/stderr captures, and the instance's own work dir preopened as ``/work``
    and ``.``. Nothing else of the host is visible.
 2. ``start()`` runs ``_start`` in a daemon thread (wasm runs with the GIL released).
-   A warm instance's bootstrap writes the ready marker and blocks reading stdin.
+   A warm instance's bootstrap writes the ready marker and blocks reading stdin. A
+   component (the pre-initialised Python) is always fresh: its ``run`` export is called
+   with the call's ``source`` and returns the exit status.
 3. ``arm(limits)`` sets the call's memory cap, fuel and epoch deadline. For a warm
    instance this happens while its thread is parked in that blocking read (a host call,
    so no wasm runs and nothing else touches those Store fields); the pipe write that
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wasmtime import ExitTrap, Func, Memory, Store, Trap, TrapCode, WasiConfig, WasmtimeError
+from wasmtime import Instance as WasmInstance
 
 from runtimes.wasm import epoch, hostcalls
 from runtimes.wasm.engine import WasmEngine
@@ -98,6 +101,20 @@ def trap_summary(exc: BaseException) -> str:
     return " ".join(lines)[:500] or type(exc).__name__
 
 
+#: Trap texts (wasmtime's ``Trap`` display) whose code the guest's outcome depends on.
+_TRAP_TEXTS = {
+    "wasm trap: interrupt": TrapCode.INTERRUPT,
+    "all fuel consumed": TrapCode.OUT_OF_FUEL,
+}
+
+
+def _trap_code_in(text: str) -> TrapCode | None:
+    for marker, code in _TRAP_TEXTS.items():
+        if marker in text:
+            return code
+    return None
+
+
 class Instance:
     def __init__(
         self,
@@ -111,11 +128,14 @@ class Instance:
         writable_workdir: bool,
         ready_marker: bytes | None = None,
         stdin_data: bytes | None = None,
+        source: str | None = None,
         on_dispose: Callable[[Instance], None] | None = None,
     ) -> None:
         """A warm instance has a ``ready_marker`` (stdin is a FIFO); a fresh one gets
-        ``stdin_data`` (written to a file) and is armed with ``limits`` from the start."""
+        ``stdin_data`` (written to a file) and is armed with ``limits`` from the start;
+        a component's ``run`` gets ``source``."""
         self.id = f"{module.name}-{next(_ids)}"
+        self._source = source
         self.engine = engine
         self.module = module
         self.host_dir = host_dir
@@ -277,24 +297,38 @@ class Instance:
         hostcalls.bind(self.clock)
         start_cpu = self._start_cpu = time.thread_time()
         outcome = Outcome()
-        instance = None
+        instantiated = False
+        core: WasmInstance | None = None  # a core module's instance: its memory is read
         try:
-            instance = self.module.pre.instantiate(self.store)
-            entry = instance.exports(self.store)["_start"]
-            if not isinstance(entry, Func):
-                raise WasmtimeError("_start is not a function")
-            entry(self.store)
-            outcome.exit_code = 0
+            component = self.module.component
+            if component is not None:
+                instance = self.engine.component_linker.instantiate(self.store, component)
+                instantiated = True
+                run = instance.get_func(self.store, "run")
+                if run is None:
+                    raise WasmtimeError("the component exports no run function")
+                outcome.exit_code = int(run(self.store, self._source or ""))
+            else:
+                assert self.module.pre is not None
+                core = self.module.pre.instantiate(self.store)
+                instantiated = True
+                entry = core.exports(self.store)["_start"]
+                if not isinstance(entry, Func):
+                    raise WasmtimeError("_start is not a function")
+                entry(self.store)
+                outcome.exit_code = 0
         except ExitTrap as exc:
             outcome.exit_code = exc.code
         except Trap as exc:
             outcome.trap_code = exc.trap_code
             outcome.trap = trap_summary(exc)
         except WasmtimeError as exc:
-            if instance is None:
+            if not instantiated:
                 outcome.error = trap_summary(exc)
             else:
                 outcome.trap = trap_summary(exc)
+                # a component's traps arrive as errors: their code is only in the text
+                outcome.trap_code = _trap_code_in(str(exc))
         except Exception as exc:  # a wasmtime-py failure, not the guest's
             log.exception("wasm instance %s: unexpected error", self.id)
             outcome.error = f"{type(exc).__name__}: {exc}"
@@ -305,9 +339,9 @@ class Instance:
             outcome.cancelled = self.clock.cancel.is_set()
             outcome.limit_hit = self._limit_hit
             outcome.slept_ms = self.clock.slept_s * 1000
-            if instance is not None:
+            if core is not None:
                 try:
-                    memory = instance.exports(self.store).get("memory")
+                    memory = core.exports(self.store).get("memory")
                     if isinstance(memory, Memory):
                         outcome.memory_bytes = memory.data_len(self.store)
                 except Exception:

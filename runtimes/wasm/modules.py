@@ -20,6 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from wasmtime import FuncType, InstancePre, Module, WasmtimeError
+from wasmtime.component import Component
 
 from runtimes.wasm.engine import WasmEngine
 
@@ -38,11 +39,13 @@ class InterpreterError(RuntimeError):
 
 @dataclass(frozen=True, eq=False)
 class LoadedModule:
+    """A core module with its ``InstancePre``, or a component (``pre`` None)."""
+
     name: str
     sha256: str
-    module: Module
-    pre: InstancePre
+    pre: InstancePre | None
     load_ms: float
+    component: Component | None = None
 
 
 def short(exc: BaseException) -> str:
@@ -57,9 +60,13 @@ class ModuleLoader:
         self._raw: OrderedDict[str, LoadedModule] = OrderedDict()
         self._lock = threading.Lock()
 
-    def load_interpreter(self, name: str, sha256: str, compiled: bytes) -> LoadedModule:
-        """Map a compiled interpreter (the node checked its pinned hash)."""
+    def load_interpreter(
+        self, name: str, sha256: str, compiled: bytes, *, component: bool = False
+    ) -> LoadedModule:
+        """Map a compiled interpreter (the node checked its hash)."""
         try:
+            if component:
+                return self._load_component(name, sha256, compiled)
             return self._load(name, sha256, compiled)
         except (WasmtimeError, ModuleLoadError) as exc:
             raise InterpreterError(f"{name}: cannot load: {short(exc)}") from exc
@@ -89,11 +96,20 @@ class ModuleLoader:
         module = Module.deserialize(self._engine.engine, compiled)
         pre = self._prepare(name, module)
         return LoadedModule(
+            name=name, sha256=sha256, pre=pre, load_ms=(time.perf_counter() - started) * 1000
+        )
+
+    def _load_component(self, name: str, sha256: str, compiled: bytes) -> LoadedModule:
+        started = time.perf_counter()
+        component = Component.deserialize(self._engine.engine, compiled)
+        if component.get_export_index("run") is None:
+            raise ModuleLoadError(f"{name} exports no run function")
+        return LoadedModule(
             name=name,
             sha256=sha256,
-            module=module,
-            pre=pre,
+            pre=None,
             load_ms=(time.perf_counter() - started) * 1000,
+            component=component,
         )
 
     def _prepare(self, name: str, module: Module) -> InstancePre:

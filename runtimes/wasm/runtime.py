@@ -22,11 +22,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import functools
 import hashlib
 import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from runtimes.base import Runtime
@@ -34,7 +36,7 @@ from runtimes.node.artifacts import ArtifactUnavailable
 from runtimes.nsjail.cgroups import CgroupMode, CgroupSetup, detect
 from runtimes.nsjail.config import NsjailConfig
 from runtimes.pools import IdleCapacity
-from runtimes.wasm import languages
+from runtimes.wasm import languages, pycomponent
 from runtimes.wasm.cache import ModuleCache
 from runtimes.wasm.compiler import Compiled, Compiler
 from runtimes.wasm.config import WasmConfig
@@ -78,6 +80,7 @@ class WasmRuntime(Runtime):
         self._worker: WorkerProcess | None = None
         self._ready: asyncio.Future[WorkerProcess] | None = None
         self._replacing: asyncio.Task[None] | None = None
+        self._retiring: asyncio.Task[None] | None = None
         self._busy = 0
         self._status: dict[str, Any] = {}
         self._idle: dict[str, IdleCapacity] = {}
@@ -186,9 +189,10 @@ class WasmRuntime(Runtime):
         if self._closed:
             return
         self._closed = True
-        if self._replacing is not None:
-            self._replacing.cancel()
-            await asyncio.gather(self._replacing, return_exceptions=True)
+        for task in (self._replacing, self._retiring):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         worker, self._worker = self._worker, None
         if worker is not None:
             await worker.close(self.config.close_timeout_s + IPC_GRACE_S)
@@ -199,18 +203,21 @@ class WasmRuntime(Runtime):
         log.info("wasm: closed")
 
     # --- interpreters -------------------------------------------------------------------
-    async def _load_interpreter(self, name: str, path: Any) -> None:
+    async def _load_interpreter(self, name: str, path: Path) -> None:
         assert self._cache is not None and self._compiler is not None
         started = time.perf_counter()
         interp = INTERPRETERS[name]
+        expected, source = interp.sha256, "pinned"
+        if expected is None:  # built here: by an earlier start, setup-wasm.sh, or now
+            expected, source = await self._built_sha256(name, path), "built"
         try:
             data = await asyncio.to_thread(path.read_bytes)
         except OSError as exc:
             raise InterpreterError(f"{name}: cannot read {path}: {exc}") from exc
         digest = hashlib.sha256(data).hexdigest()
-        if digest != interp.sha256:
+        if digest != expected:
             raise InterpreterError(
-                f"{name}: {path} has SHA-256 {digest}, expected the pinned {interp.sha256}"
+                f"{name}: {path} has SHA-256 {digest}, expected the {source} {expected}"
             )
         cfg = self.config
         cwasm = await asyncio.to_thread(
@@ -239,13 +246,28 @@ class WasmRuntime(Runtime):
             "from the .cwasm cache" if cached else "compiled in a compile jail",
         )
 
+    async def _built_sha256(self, name: str, path: Path) -> str:
+        """The SHA-256 of the Python component in ``path``'s dir, building it first when
+        it is missing or was built from other sources."""
+        directory = path.parent
+        built = await asyncio.to_thread(pycomponent.current, directory)
+        if built is None:
+            log.info("wasm: building %s (componentize-py, ~10 s)", name)
+            try:
+                built = await asyncio.to_thread(
+                    pycomponent.build, directory, timeout_s=self.config.component_build_timeout_s
+                )
+            except (pycomponent.BuildError, OSError) as exc:
+                raise InterpreterError(f"{name}: cannot build {path}: {exc}") from exc
+        return built.sha256
+
     # --- the worker ---------------------------------------------------------------------
     async def _replace_worker(self) -> None:
         """Start a worker (until one starts, backing off) and make it the current one."""
         assert self._cgroups is not None
         delay = RESTART_BACKOFF_S
         while not self._closed:
-            worker = WorkerProcess(self.config, self._cgroups, on_status=self._on_status)
+            worker = self._new_worker(self._cgroups)
             try:
                 status = await asyncio.wait_for(
                     worker.start(self._compiled), self.config.worker_start_timeout_s
@@ -257,18 +279,45 @@ class WasmRuntime(Runtime):
                 await asyncio.sleep(delay)
                 delay = min(MAX_RESTART_BACKOFF_S, delay * 2)
                 continue
-            self._on_status(status)
             self._worker = worker
+            self._on_status(status, worker)
             assert worker.died is not None
-            worker.died.add_done_callback(self._on_worker_died)
-            if self._ready is not None and not self._ready.done():
-                self._ready.set_result(worker)
+            worker.died.add_done_callback(functools.partial(self._on_worker_died, worker))
+            if self._ready is None or self._ready.done():  # replacing a retired worker
+                self._ready = asyncio.get_running_loop().create_future()
+            self._ready.set_result(worker)
             log.info("wasm: worker %s ready", worker.guest_host_pid())
             return
 
-    def _on_worker_died(self, died: asyncio.Future[str]) -> None:
-        if self._closed:
-            return
+    def _new_worker(self, cgroups: CgroupSetup) -> WorkerProcess:
+        worker: WorkerProcess
+
+        def on_status(msg: dict[str, Any]) -> None:
+            self._on_status(msg, worker)
+
+        worker = WorkerProcess(self.config, cgroups, on_status=on_status)
+        return worker
+
+    async def _retire(self, old: WorkerProcess, stuck: int) -> None:
+        """Replace ``old``, whose abandoned guests are blocked in host calls: new calls go
+        to a new worker at once; ``old`` is closed (its stuck threads with it) once its
+        running calls are answered, or after ``retire_drain_s``."""
+        log.warning(
+            "wasm: worker %s holds %d abandoned instances; replacing it",
+            old.guest_host_pid(),
+            stuck,
+        )
+        try:
+            await self._replace_worker()
+            if not await old.drain(self.config.retire_drain_s):
+                log.error("wasm: the replaced worker's calls did not end; closing it anyway")
+            await old.close(self.config.close_timeout_s + IPC_GRACE_S)
+        finally:
+            self._retiring = None
+
+    def _on_worker_died(self, worker: WorkerProcess, died: asyncio.Future[str]) -> None:
+        if self._closed or worker is not self._worker:
+            return  # closing, or a worker retired on purpose
         log.error("wasm: %s; starting another", died.result())
         self._ready = asyncio.get_running_loop().create_future()
         self._status = {}
@@ -280,7 +329,14 @@ class WasmRuntime(Runtime):
             raise WorkerDied("the wasm runtime is not running")
         return await asyncio.wait_for(asyncio.shield(ready), self.config.worker_start_timeout_s)
 
-    def _on_status(self, msg: dict[str, Any]) -> None:
+    def _on_status(self, msg: dict[str, Any], worker: WorkerProcess) -> None:
+        if worker is not self._worker:
+            return  # a worker being replaced
+        stuck = int(msg.get("stuck") or 0)
+        if stuck >= self.config.max_stuck_instances and self._retiring is None and not self._closed:
+            self._retiring = asyncio.get_running_loop().create_task(
+                self._retire(worker, stuck), name="wasm-worker-retire"
+            )
         self._status = {k: msg.get(k) for k in ("warm", "starting", "inventory")}
         for key, values in (msg.get("idle") or {}).items():
             seconds, mb_seconds, starts, cold = values
@@ -310,8 +366,7 @@ class WasmRuntime(Runtime):
             return RunResult(error=f"the wasm worker failed: {exc}")
         except TimeoutError:
             log.error("inv=%s the wasm worker did not answer; replacing it", invocation_id)
-            if self._worker is not None:
-                self._worker.kill()
+            worker.kill()
             return RunResult(error="the wasm worker did not answer in time; it was replaced")
         if "need" in reply:
             return None
@@ -319,7 +374,7 @@ class WasmRuntime(Runtime):
             log.error("inv=%s wasm worker failure: %s", invocation_id, reply["failure"])
             return RunResult(error=f"the wasm worker failed: {reply['failure']}")
         if isinstance(reply.get("status"), dict):
-            self._on_status(reply["status"])
+            self._on_status(reply["status"], worker)
         return RunResult.model_validate(reply["result"])
 
     async def _run_module(self, spec: RunSpec, tenant_id: str, invocation_id: str) -> RunResult:

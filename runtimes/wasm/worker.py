@@ -16,6 +16,7 @@ import itertools
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -179,6 +180,15 @@ class WorkerProcess:
             text = line.decode("utf-8", "replace").rstrip()
             if text and "no version information available" not in text:
                 log.info("wasm worker %s: %s", proc.pid, text[:MAX_LOG_LINE])
+
+    async def drain(self, timeout: float) -> bool:
+        """Wait until no request is in flight (True), at most ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while self._pending and self.alive:
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
 
     def kill(self) -> None:
         """End the jail at once (nsjail and the worker). Idempotent."""

@@ -104,6 +104,10 @@ def big_data_module(tag: int, mib: int) -> bytes:
     return binary_module([], data=bytes([tag % 251 + 1]) * (mib << 20))
 
 
+def running(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
+
+
 def guest_process(rt: WasmRuntime) -> int:
     """The host pid of the process that runs the runtime's guests."""
     worker = getattr(rt, "worker", None)
@@ -386,6 +390,36 @@ async def test_a_killed_worker_fails_its_calls_and_is_replaced(
         after = await run(rt, "print('still here')")
         assert after.run is not None and after.run.stdout == "still here\n", after
         assert guest_process(rt) != pid
+    finally:
+        await rt.close()
+
+
+async def test_a_worker_holding_stuck_guests_is_replaced(
+    new_runtime: Callable[..., WasmRuntime], run: RunFn
+) -> None:
+    """A guest blocked in a host call the deadline cannot reach (``select`` with a long
+    timeout) is answered at the backstop and its thread stays; once a worker holds
+    ``max_stuck_instances`` of them, new calls go to a new worker and the old one (with
+    the blocked threads) is closed."""
+    rt = new_runtime(
+        languages=["wasm-python"], max_stuck_instances=2, host_grace_s=0.5, retire_drain_s=5
+    )
+    await rt.start()
+    try:
+        first = guest_process(rt)
+        blocked = "import select\nselect.select([], [], [], 120)"
+        stuck = await asyncio.gather(*(run(rt, blocked, run_timeout_s=0.3) for _ in range(2)))
+        for result in stuck:
+            assert result.run is not None and result.run.status is StageStatus.TIME_LIMIT
+            assert result.run.message and "abandoned" in result.run.message
+        for _ in range(1000):
+            if guest_process(rt) != first and not running(first):
+                break
+            await asyncio.sleep(0.02)
+        assert guest_process(rt) != first
+        assert not running(first), "the old worker still runs"
+        after = await run(rt, "print('fresh')")
+        assert after.run is not None and after.run.stdout == "fresh\n", after
     finally:
         await rt.close()
 

@@ -13,15 +13,25 @@ import pytest
 
 from runtimes import registry
 from runtimes.node.settings import NodeSettings
-from runtimes.wasm import WasmConfig, WasmRuntime
-from runtimes.wasm.languages import PYTHON_WASM_SHA256
+from runtimes.wasm import WasmConfig, WasmRuntime, pycomponent
+from runtimes.wasm.modules import InterpreterError
 from runtimes.wasm.runtime import InterpreterInfo
+from tests.runtimes.wasm.conftest import interpreters_dir
 from wire.execution import RunSpec, StageStatus
 from wire.messages import pool_key
 
 RunFn = Callable[..., Any]
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
+
+
+def built_sha256() -> str:
+    built = pycomponent.current(interpreters_dir())
+    assert built is not None
+    return built.sha256
+
+
+JS = {"language": "wasm-javascript"}
 
 
 def wasm_threads() -> list[str]:
@@ -53,12 +63,7 @@ async def test_second_start_loads_from_the_cache(
     await rt.close()
     assert fingerprint is not None
     cache_file = (
-        wasm_data_dir
-        / "wasm"
-        / "cache"
-        / fingerprint
-        / "interpreters"
-        / f"{PYTHON_WASM_SHA256}.cwasm"
+        wasm_data_dir / "wasm" / "cache" / fingerprint / "interpreters" / f"{built_sha256()}.cwasm"
     )
     assert cache_file.is_file()
     assert loaded.cached
@@ -98,15 +103,15 @@ async def test_fuel_budget_stops_a_spin(
 
 
 async def test_stats_close_and_no_threads_left(
-    new_runtime: Callable[..., WasmRuntime], run: RunFn
+    new_runtime: Callable[..., WasmRuntime], run: RunFn, need_javascript: None
 ) -> None:
     before = set(wasm_threads())
-    rt = new_runtime(languages=["wasm-python", "wasm"], warm_per_language=2)
+    rt = new_runtime(languages=["wasm-javascript", "wasm"], warm_per_language=2)
     await rt.start()
     assert rt.stats() == {"warm": 2, "busy": 0, "starting": 0}
     assert set(wasm_threads()) <= before  # every guest thread is in the worker process
     # a call that would run for a minute is busy while the runtime closes
-    busy = asyncio.create_task(run(rt, "while True:\n    pass", run_timeout_s=60.0))
+    busy = asyncio.create_task(run(rt, "while (true) {}", run_timeout_s=60.0, **JS))
     for _ in range(500):
         if rt.stats()["busy"]:
             break
@@ -119,7 +124,7 @@ async def test_stats_close_and_no_threads_left(
     assert result.run is not None and result.run.status is StageStatus.KILLED
     assert set(wasm_threads()) <= before, wasm_threads()
     await rt.close()  # idempotent
-    after = await run(rt, "print(1)")
+    after = await run(rt, "print(1)", **JS)
     assert after.error and "not running" in after.error
 
 
@@ -138,13 +143,13 @@ async def test_unknown_language_is_a_platform_error(
 
 
 async def test_cold_start_when_the_pool_is_empty(
-    new_runtime: Callable[..., WasmRuntime], run: RunFn
+    new_runtime: Callable[..., WasmRuntime], run: RunFn, need_javascript: None
 ) -> None:
-    rt = new_runtime(languages=["wasm-python"], warm_per_language=0)
+    rt = new_runtime(languages=["wasm-javascript"], warm_per_language=0)
     await rt.start()
     try:
         assert rt.stats()["warm"] == 0
-        result = await run(rt, "print('cold')")
+        result = await run(rt, "print('cold')", **JS)
         assert result.run is not None and result.run.stdout == "cold\n"
         assert result.setup_ms > result.exec_ms  # it paid for the interpreter start-up
     finally:
@@ -186,37 +191,46 @@ async def test_registered_and_built_from_settings(wasm_data_dir: Path) -> None:
     await rt.close()
 
 
-async def test_python_preload(new_runtime: Callable[..., WasmRuntime], run: RunFn) -> None:
-    rt = new_runtime(languages=["wasm-python"], warm_per_language=1, python_preload=("json",))
+async def test_the_python_component_is_built_when_missing_and_checked(
+    new_runtime: Callable[..., WasmRuntime], run: RunFn, tmp_path: Path
+) -> None:
+    """Without a component in its interpreters dir, the runtime builds one (and its
+    manifest) at start; a component that no longer matches its manifest is refused."""
+    rt = new_runtime(languages=["wasm-python"], interpreters_dir=tmp_path)
     await rt.start()
     try:
-        result = await run(rt, "import sys\nprint('json' in sys.modules)")
-        assert result.run is not None and result.run.stdout == "True\n"
+        result = await run(rt, "print('built')")
+        assert result.run is not None and result.run.stdout == "built\n", result
     finally:
         await rt.close()
-    from runtimes.wasm.bootstrap import python_bootstrap
-
-    with pytest.raises(ValueError, match="module name"):
-        python_bootstrap(("os; import evil",))
+    built = pycomponent.current(tmp_path)
+    assert built is not None and rt.interpreters["wasm-python"].sha256 == built.sha256
+    data = bytearray(built.path.read_bytes())
+    data[-1] ^= 0xFF  # tampered after the build
+    built.path.write_bytes(bytes(data))
+    tampered = new_runtime(languages=["wasm-python"], interpreters_dir=tmp_path)
+    with pytest.raises(InterpreterError, match="SHA-256"):
+        await tampered.start()
+    await tampered.close()
 
 
 async def test_inventory_and_idle_capacity_by_pool_key(
-    new_runtime: Callable[..., WasmRuntime], run: RunFn
+    new_runtime: Callable[..., WasmRuntime], run: RunFn, need_javascript: None
 ) -> None:
-    rt = new_runtime(languages=["wasm-python", "wasm"], warm_per_language=2)
+    rt = new_runtime(languages=["wasm-javascript", "wasm-python", "wasm"], warm_per_language=2)
     await rt.start()
-    key = pool_key("wasm", "wasm-python")
+    key = pool_key("wasm", "wasm-javascript")
     try:
-        assert rt.inventory() == {key: 2}  # raw modules have no pool
+        assert rt.inventory() == {key: 2}  # raw modules and the Python component: no pool
         await asyncio.sleep(0.3)  # two instances idle meanwhile (the worker reports it)
         capacity = rt.idle_capacity()
         assert set(capacity) == {key}
         idle = capacity[key]
         assert idle.instance_seconds > 0
-        # CPython-wasm holds ~10 MiB of linear memory while it waits
-        assert idle.memory_mb_seconds >= 5 * idle.instance_seconds
+        # QuickJS holds about 0.3 MiB of linear memory while it waits
+        assert idle.memory_mb_seconds >= 0.1 * idle.instance_seconds
         assert (idle.starts, idle.cold_starts) == (2, 0)
-        result = await run(rt, "print(1)")
+        result = await run(rt, "print(1)", **JS)
         assert result.run is not None and result.run.stdout == "1\n"
         for _ in range(500):  # the one-shot instance is replaced
             if rt.inventory() == {key: 2}:
@@ -234,14 +248,16 @@ async def test_inventory_and_idle_capacity_by_pool_key(
     assert rt.inventory() == {} and rt.idle_capacity() == {}
 
 
-async def test_a_cold_start_is_counted(new_runtime: Callable[..., WasmRuntime], run: RunFn) -> None:
-    rt = new_runtime(languages=["wasm-python"], warm_per_language=0, max_warm_per_language=0)
+async def test_a_cold_start_is_counted(
+    new_runtime: Callable[..., WasmRuntime], run: RunFn, need_javascript: None
+) -> None:
+    rt = new_runtime(languages=["wasm-javascript"], warm_per_language=0, max_warm_per_language=0)
     await rt.start()
     try:
         assert rt.inventory() == {}
-        result = await run(rt, "print('cold')")
+        result = await run(rt, "print('cold')", **JS)
         assert result.run is not None and result.run.stdout == "cold\n"
-        idle = rt.idle_capacity()[pool_key("wasm", "wasm-python")]
+        idle = rt.idle_capacity()[pool_key("wasm", "wasm-javascript")]
         assert (idle.starts, idle.cold_starts) == (1, 1)
         assert rt.stats()["warm"] == 0  # max 0: nothing is kept warm
     finally:
