@@ -192,6 +192,21 @@ async def test_no_new_work_while_the_host_is_short_of_memory(tmp_path: Path) -> 
         await node.close()
 
 
+def test_a_memory_reading_is_reused_for_its_max_age() -> None:
+    reads, now = [], [0.0]
+
+    def read() -> int:
+        reads.append(now[0])
+        return 1000
+
+    guard = MemoryGuard(reserve_mb=500, read=read, max_age_s=0.01, clock=lambda: now[0])
+    assert not guard.short() and not guard.short()
+    assert reads == [0.0]  # the second check reused the first reading
+    now[0] = 0.011
+    assert not guard.short()
+    assert reads == [0.0, 0.011]
+
+
 def test_available_memory_is_read_from_meminfo(tmp_path: Path) -> None:
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       24000000 kB\nMemAvailable:   2048000 kB\n")
