@@ -115,6 +115,30 @@ class WasmConfig(BaseModel):
         description="Compile the interpreters on several threads (raw modules are always "
         "compiled on one, so that their CPU time is bounded by their own limits)",
     )
+    pooling: bool = Field(
+        True,
+        description="wasmtime's pooling allocator: memory slots reserved once and reused "
+        "(no mmap/munmap per instance, and no page faults on a slot's resident pages); "
+        "off: each instance maps its own memory",
+    )
+    pool_slots: int = Field(
+        128,
+        ge=4,
+        description="Instances the pool holds at once (calls running, warm instances, "
+        "abandoned ones); an instantiation beyond it fails",
+    )
+    pool_max_memory_mb: int = Field(
+        4096,
+        ge=16,
+        description="A slot's size: the largest linear memory a call can have "
+        "(a call asking more is refused)",
+    )
+    pool_keep_resident_mb: int = Field(
+        16, ge=0, description="Memory of a slot kept resident and reset in place when freed"
+    )
+    pool_max_unused_warm_slots: int = Field(
+        32, ge=0, description="Freed slots kept ready (resident) for the next instance"
+    )
 
     # --- limits ------------------------------------------------------------------------
     max_table_elements: int = Field(200_000, ge=1000)
@@ -237,5 +261,7 @@ class WasmConfig(BaseModel):
             "warm_per_language": max(1, min(settings.node_slots, 4)),
             # what the node gives executions, plus the warm instances and the tmpfs
             "worker_memory_mb": settings.resolved_memory_mb + 512,
+            # every slot's call, the warm instances, the abandoned ones, and room to spare
+            "pool_slots": 2 * settings.node_slots + 64,
         }
         return cls.model_validate(derived | settings.wasm)

@@ -25,10 +25,11 @@ import time
 import weakref
 
 from wasmtime import Config, Engine, Linker
+from wasmtime import _ffi as ffi
 from wasmtime.component import Linker as ComponentLinker
 
 from runtimes.wasm import hostcalls
-from runtimes.wasm.config import WasmConfig
+from runtimes.wasm.config import MIB, WasmConfig
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +37,15 @@ _LIVE: weakref.WeakSet[WasmEngine] = weakref.WeakSet()
 
 
 def _knobs(config: WasmConfig) -> dict[str, object]:
-    """The Config settings that change compiled code (``parallel_compilation`` does not)."""
+    """The Config settings that change compiled code (``parallel_compilation`` does not;
+    the allocator is named too, so that a ``.cwasm`` is only loaded where it was made)."""
     return {
         "epoch_interruption": True,
         "consume_fuel": config.fuel_per_call is not None,
         "opt_level": config.opt_level,
         "max_wasm_stack": config.max_wasm_stack_bytes,
         "wasm_threads": False,
+        "pooling": config.pooling,
     }
 
 
@@ -59,7 +62,68 @@ def engine_config(config: WasmConfig, *, parallel: bool) -> Config:
     cfg.wasm_threads = False
     cfg.shared_memory = False
     cfg.parallel_compilation = parallel
+    if config.pooling:
+        _use_pooling(cfg, config)
     return cfg
+
+
+#: Core instances, tables and memories one component may hold (the Python component:
+#: 16 core instances, 1 memory, 2 tables), and a component's own state.
+COMPONENT_CORE_INSTANCES = 16
+COMPONENT_TABLES = 4
+COMPONENT_MEMORIES = 1
+INSTANCE_STATE_BYTES = 1 * MIB
+
+
+def _use_pooling(cfg: Config, config: WasmConfig) -> None:
+    """wasmtime's pooling allocator, through wasmtime-py's C bindings (its Python API has
+    no wrapper for it). Without it every instance maps its memory and unmaps it at the
+    end, and a first write to each page of a snapshot is a fault: threads of one process
+    doing that at once serialise on the kernel's lock of the address space (measured:
+    two concurrent Python calls cost twice the CPU of one). With it a slot is reserved
+    once, reused, and its first ``pool_keep_resident_mb`` stay resident and are reset in
+    place when the instance ends."""
+    pool = ffi.wasmtime_pooling_allocation_config_new()
+    try:
+        slots = config.pool_slots
+        ffi.wasmtime_pooling_allocation_config_max_memory_size_set(
+            pool, config.pool_max_memory_mb * MIB
+        )
+        ffi.wasmtime_pooling_allocation_config_linear_memory_keep_resident_set(
+            pool, config.pool_keep_resident_mb * MIB
+        )
+        ffi.wasmtime_pooling_allocation_config_max_unused_warm_slots_set(
+            pool, min(config.pool_max_unused_warm_slots, slots)
+        )
+        ffi.wasmtime_pooling_allocation_config_total_memories_set(pool, slots)
+        ffi.wasmtime_pooling_allocation_config_total_tables_set(
+            pool, slots * max(COMPONENT_TABLES, config.max_tables)
+        )
+        ffi.wasmtime_pooling_allocation_config_total_core_instances_set(
+            pool, slots * COMPONENT_CORE_INSTANCES
+        )
+        ffi.wasmtime_pooling_allocation_config_total_component_instances_set(pool, slots)
+        ffi.wasmtime_pooling_allocation_config_max_core_instances_per_component_set(
+            pool, COMPONENT_CORE_INSTANCES
+        )
+        ffi.wasmtime_pooling_allocation_config_max_memories_per_component_set(
+            pool, COMPONENT_MEMORIES
+        )
+        ffi.wasmtime_pooling_allocation_config_max_tables_per_component_set(pool, COMPONENT_TABLES)
+        ffi.wasmtime_pooling_allocation_config_max_memories_per_module_set(
+            pool, config.max_memories
+        )
+        ffi.wasmtime_pooling_allocation_config_max_tables_per_module_set(pool, config.max_tables)
+        ffi.wasmtime_pooling_allocation_config_table_elements_set(pool, config.max_table_elements)
+        ffi.wasmtime_pooling_allocation_config_max_core_instance_size_set(
+            pool, INSTANCE_STATE_BYTES
+        )
+        ffi.wasmtime_pooling_allocation_config_max_component_instance_size_set(
+            pool, INSTANCE_STATE_BYTES
+        )
+        ffi.wasmtime_pooling_allocation_strategy_set(cfg.ptr(), pool)
+    finally:
+        ffi.wasmtime_pooling_allocation_config_delete(pool)
 
 
 def fingerprint(config: WasmConfig) -> str:

@@ -112,6 +112,12 @@ class WasmExecutor:
         if self._closed:
             return RunResult(error="the wasm worker is closing")
         try:
+            cfg = self.config
+            if cfg.pooling and spec.limits.memory_mb > cfg.pool_max_memory_mb:
+                raise InvalidSpec(
+                    f"memory_mb {spec.limits.memory_mb} is above this node's wasm maximum "
+                    f"of {cfg.pool_max_memory_mb} MB"
+                )
             if spec.language in self._interpreters:
                 return await self._run_interpreter(spec, invocation_id)
             if spec.language == languages.RAW_LANGUAGE and module is not None:

@@ -370,6 +370,43 @@ async def test_a_cache_others_can_write_is_not_trusted(
     assert result.compile is not None, "an entry others could write was loaded"
 
 
+# --- memory slots, reused ---------------------------------------------------------------
+async def test_a_reused_memory_slot_shows_nothing_of_its_last_call(
+    runtime: WasmRuntime, run_module: RunFn
+) -> None:
+    """The pooling allocator reuses memory slots and keeps their pages resident: what a
+    call left in memory (past its module's initial image, and grown memory) must read
+    as zeros in the next call of the same module or another."""
+    body = (
+        '(import "wasi_snapshot_preview1" "proc_exit" (func $exit (param i32)))'
+        '(memory (export "memory") 2)'
+        '(func (export "_start")'
+        "  (drop (memory.grow (i32.const 1)))"
+        "  (if (i64.ne (i64.load (i32.const 70000)) (i64.const 0))"
+        "    (then (call $exit (i32.const 41))))"
+        "  (if (i64.ne (i64.load (i32.const 140000)) (i64.const 0))"
+        "    (then (call $exit (i32.const 42))))"
+        "  (i64.store (i32.const 70000) (i64.const 0x5345435245540001))"
+        "  (i64.store (i32.const 140000) (i64.const 0x5345435245540002))"
+        "  (call $exit (i32.const 0)))"
+    )
+    check_then_mark = wat(body)
+    other = wat(body + "(global i32 (i32.const 7))")  # another module, the same code
+    for module in (check_then_mark, check_then_mark, other, check_then_mark, other) * 4:
+        result = await run_module(runtime, module)
+        assert result.run is not None and result.run.exit_code == 0, result.run
+
+
+async def test_a_call_asking_more_memory_than_a_slot_is_refused(
+    runtime: WasmRuntime, run: RunFn
+) -> None:
+    limit = runtime.config.pool_max_memory_mb
+    result = await run(runtime, "print(1)", memory_mb=limit + 1)
+    assert result.run is not None and result.run.status is StageStatus.ERROR, result
+    assert result.run.message and f"maximum of {limit} MB" in result.run.message
+    assert (await run(runtime, "print(1)", memory_mb=limit)).run.stdout == "1\n"  # type: ignore[union-attr]
+
+
 # --- a worker that dies -----------------------------------------------------------------
 async def test_a_killed_worker_fails_its_calls_and_is_replaced(
     new_runtime: Callable[..., WasmRuntime], run: RunFn
