@@ -137,7 +137,10 @@ class WasmConfig(BaseModel):
         16, ge=0, description="Memory of a slot kept resident and reset in place when freed"
     )
     pool_max_unused_warm_slots: int = Field(
-        32, ge=0, description="Freed slots kept ready (resident) for the next instance"
+        16,
+        ge=0,
+        description="Freed slots kept ready for the next instance; with the resident part "
+        "of each, at most 16 x 16 MiB of the worker's memory by default",
     )
 
     # --- limits ------------------------------------------------------------------------
