@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,31 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def summary(latencies_ms: list[float], wall_s: float, errors: int) -> dict[str, Any]:
     return latency_summary(latencies_ms, wall_s=wall_s, errors=errors)
+
+
+Load = Callable[[int], Awaitable[tuple[list[float], dict[str, int], float]]]
+
+
+async def side_by_side(after: Load, before: Load, requests: int) -> tuple[Any, Any]:
+    """Summaries of ``requests`` calls to each of two servers, measured in four halves,
+    after-before-before-after: whichever runs first at a level is slower (~1 ms at c=1
+    with the same code on both sides), so neither side always goes first."""
+    half = max(1, requests // 2)
+    runs: dict[str, list[tuple[list[float], dict[str, int], float]]] = {"a": [], "b": []}
+    for side, load_ in (("a", after), ("b", before), ("b", before), ("a", after)):
+        runs[side].append(await load_(half))
+    return _merged(runs["a"], 2 * half), _merged(runs["b"], 2 * half)
+
+
+def _merged(parts: list[tuple[list[float], dict[str, int], float]], requests: int) -> Any:
+    latencies = [x for lat, _, _ in parts for x in lat]
+    outcomes: dict[str, int] = {}
+    for _, counts, _ in parts:
+        for key, n in counts.items():
+            outcomes[key] = outcomes.get(key, 0) + n
+    result = summary(latencies, sum(wall for _, _, wall in parts), requests - len(latencies))
+    result["statuses"] = outcomes
+    return result
 
 
 # --- the server -----------------------------------------------------------------------------
@@ -201,10 +227,19 @@ async def measure(
         await drive(*before, body, requests=args.warmup, concurrency=8)
     levels = [int(c) for c in args.concurrency.split(",")]
     corral, earlier = [], []
+    headers = {"Authorization": f"Bearer {key}"}
+    old_headers = {"Authorization": f"Bearer {before[1]}"} if before is not None else {}
     for c in levels:
-        corral.append(await drive(url, key, body, requests=args.requests, concurrency=c))
-        if before is not None:
-            earlier.append(await drive(*before, body, requests=args.requests, concurrency=c))
+        if before is None:
+            corral.append(await drive(url, key, body, requests=args.requests, concurrency=c))
+            continue
+        now, then = await side_by_side(
+            lambda n, c=c: load(url, "/v1/run", body, headers, requests=n, concurrency=c),
+            lambda n, c=c: load(before[0], "/v1/run", body, old_headers, requests=n, concurrency=c),
+            args.requests,
+        )
+        corral.append(now | {"concurrency": c})
+        earlier.append(then | {"concurrency": c})
     results: dict[str, Any] = {
         "benchmark": "fncall",
         "language": args.language,

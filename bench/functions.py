@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from fncall import Server, export, summary
+from fncall import Server, export, side_by_side, summary
 from httpload import load
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,6 +60,10 @@ def register(url: str, key: str, body: dict[str, Any]) -> None:
         raise RuntimeError(f"registering {body['name']}: {response.status_code} {response.text}")
 
 
+def _auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
 async def drive(
     url: str, key: str, name: str, payload: Any, *, requests: int, concurrency: int
 ) -> dict[str, Any]:
@@ -93,12 +97,25 @@ async def measure(
         await drive(url, key, name, payload, requests=args.warmup, concurrency=4)
         if before is not None:
             await drive(*before, name, payload, requests=args.warmup, concurrency=4)
+        path = f"/v1/functions/{name}/invoke"
         for c in levels:
-            rows.append(await drive(url, key, name, payload, requests=args.requests, concurrency=c))
-            if before is not None:
-                earlier.append(
-                    await drive(*before, name, payload, requests=args.requests, concurrency=c)
+            if before is None:
+                rows.append(
+                    await drive(url, key, name, payload, requests=args.requests, concurrency=c)
                 )
+                continue
+            now, then = await side_by_side(
+                lambda n, c=c, path=path, payload=payload: load(
+                    url, path, payload, _auth(key), requests=n, concurrency=c
+                ),
+                lambda n, c=c, path=path, payload=payload: load(
+                    before[0], path, payload, _auth(before[1]), requests=n, concurrency=c
+                ),
+                args.requests,
+            )
+            row = {"function": name, "concurrency": c}
+            rows.append(now | row)
+            earlier.append(then | row)
     results: dict[str, Any] = {
         "benchmark": "functions",
         "cpus": os.cpu_count(),
