@@ -313,6 +313,7 @@ class WasmRuntime(Runtime):
                 log.error("wasm: the replaced worker's calls did not end; closing it anyway")
             await old.close(self.config.close_timeout_s + IPC_GRACE_S)
         finally:
+            old.kill()  # no-op once closed; cancelled before (the runtime closing): ended here
             self._retiring = None
 
     def _on_worker_died(self, worker: WorkerProcess, died: asyncio.Future[str]) -> None:

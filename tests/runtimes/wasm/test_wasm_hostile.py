@@ -461,6 +461,40 @@ async def test_a_worker_holding_stuck_guests_is_replaced(
         await rt.close()
 
 
+async def test_closing_while_a_worker_is_being_replaced_ends_the_old_one_too(
+    new_runtime: Callable[..., WasmRuntime], run: RunFn
+) -> None:
+    """The old worker waits for its running calls before it is closed; a runtime closed
+    meanwhile ends it as well, rather than leaving it running."""
+    rt = new_runtime(
+        languages=["wasm-python"], max_stuck_instances=1, host_grace_s=0.5, retire_drain_s=60
+    )
+    await rt.start()
+    first = guest_process(rt)
+    spinning = asyncio.create_task(run(rt, "while True:\n    pass", run_timeout_s=30.0))
+    try:
+        for _ in range(500):
+            if rt.stats()["busy"]:
+                break
+            await asyncio.sleep(0.01)
+        blocked = await run(rt, "import select\nselect.select([], [], [], 120)", run_timeout_s=0.3)
+        assert blocked.run is not None and blocked.run.status is StageStatus.TIME_LIMIT
+        for _ in range(1000):  # a new worker takes new calls; the old one drains
+            if guest_process(rt) != first:
+                break
+            await asyncio.sleep(0.02)
+        assert guest_process(rt) != first and running(first)
+    finally:
+        await rt.close()
+    for _ in range(250):  # killed: gone once its parent (or init) has reaped it
+        if not running(first):
+            break
+        await asyncio.sleep(0.02)
+    assert not running(first), "the old worker outlived the runtime"
+    result = await spinning
+    assert result.run is None or result.run.status is not StageStatus.FINISHED
+
+
 async def test_a_guest_exiting_ends_only_its_call(
     runtime: WasmRuntime, run: RunFn, run_module: RunFn
 ) -> None:
