@@ -69,7 +69,12 @@ class NsjailConfig(BaseModel):
         30.0, gt=0, description="Time constant of the per-key arrival-rate average"
     )
     max_jails: int = Field(16, ge=1, description="Bound on live plus starting jails")
-    max_uses_per_jail: int = Field(50, ge=1, description="Calls before a jail is recycled")
+    max_uses_per_jail: int = Field(
+        500,
+        ge=1,
+        description="Calls before a jail is recycled (a jail serves one tenant and is also "
+        "recycled at any sign of residue or tampering, and after max_jail_age_s)",
+    )
     idle_timeout_s: float = Field(
         60.0,
         gt=0,
