@@ -67,8 +67,9 @@ def engine_config(config: WasmConfig, *, parallel: bool) -> Config:
     return cfg
 
 
-#: Core instances, tables and memories one component may hold (the Python component:
-#: 16 core instances, 1 memory, 2 tables), and a component's own state.
+#: Core instances, tables and memories one component may hold, and a component's own
+#: state (the Python component of componentize-py 0.25.1 failed to instantiate under 8
+#: core instances and ran under 16; it has 1 memory and 2 tables).
 COMPONENT_CORE_INSTANCES = 16
 COMPONENT_TABLES = 4
 COMPONENT_MEMORIES = 1

@@ -32,7 +32,7 @@ from runtimes.pools import IdleCapacity, Pool, PoolClosed, PoolError
 from runtimes.wasm import languages, results
 from runtimes.wasm.bootstrap import READY_MARKER
 from runtimes.wasm.config import MIB, WasmConfig
-from runtimes.wasm.engine import WasmEngine
+from runtimes.wasm.engine import COMPONENT_CORE_INSTANCES, WasmEngine
 from runtimes.wasm.instance import CallLimits, Instance, Outcome, StoreCaps
 from runtimes.wasm.languages import INTERPRETERS, Interpreter
 from runtimes.wasm.modules import LoadedModule, ModuleLoader, ModuleLoadError
@@ -46,8 +46,6 @@ from wire.messages import pool_key
 log = logging.getLogger(__name__)
 
 OUTPUT_RELEASE_TIMEOUT_S = 2.0
-#: Core instances a component may create (the caller's modules get ``max_instances``).
-COMPONENT_INSTANCES = 16
 RUNTIME_NAME = "wasm"
 
 
@@ -60,9 +58,9 @@ class WasmExecutor:
             tables=cfg.max_tables,
             memories=cfg.max_memories,
         )
-        # The Python component is several core instances linked together (16 covers the
-        # build of componentize-py 0.25.1; a test instantiates it under these caps).
-        self._component_caps = dataclasses.replace(self._caps, instances=COMPONENT_INSTANCES)
+        # The Python component is several core instances linked together; the pool's
+        # per-component ceiling is the store's too (the caller's modules get max_instances)
+        self._component_caps = dataclasses.replace(self._caps, instances=COMPONENT_CORE_INSTANCES)
         self._run_dir = run_dir
         self._names = itertools.count(1)
         self._engine = WasmEngine(cfg)
