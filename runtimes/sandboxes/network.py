@@ -54,6 +54,7 @@ from dataclasses import asdict, dataclass
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
+from runtimes.children import communicate
 from runtimes.sandboxes.base import BackendUnavailable, SandboxError
 from wire.sandboxes import Destination, NetworkPolicy, parse_destination
 
@@ -427,7 +428,7 @@ async def _run(*args: str, stdin: str | None = None, check: bool = True) -> byte
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
-    out, err = await proc.communicate(stdin.encode() if stdin is not None else None)
+    out, err = await communicate(proc, stdin.encode() if stdin is not None else None)
     if check and proc.returncode != 0:
         raise SandboxError(f"{args[0]} {args[1]}: {err.decode(errors='replace').strip()[:300]}")
     return out

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from runtimes.children import communicate
 from runtimes.sandboxes import rooted
 from runtimes.sandboxes.base import (
     BackendUnavailable,
@@ -519,7 +520,7 @@ class CrunBackend(SandboxBackend):
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.PIPE,
             )
-            _, err = await proc.communicate()
+            _, err = await communicate(proc)
             if proc.returncode != 0:
                 await asyncio.to_thread(shutil.rmtree, staging, True)
                 raise SandboxError(f"snapshot of {sandbox_id} failed: {err.decode()[:200]}")
@@ -563,7 +564,7 @@ class CrunBackend(SandboxBackend):
             stderr=asyncio.subprocess.PIPE if stdio else asyncio.subprocess.DEVNULL,
             pass_fds=() if fd3 is None else (fd3,),
         )
-        out, err = await proc.communicate()
+        out, err = await communicate(proc)
         if proc.returncode != 0:
             message = (err or b"").decode(errors="replace").strip() or f"exit {proc.returncode}"
             raise RuntimeCommandError(f"{self.runtime} {args[0]}: {message}")
