@@ -146,6 +146,13 @@ class Server:
 
 
 # --- load -------------------------------------------------------------------------------------
+def process_cpu_s(pid: int) -> float:
+    """User and system CPU seconds of process ``pid`` (its threads included)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def drive(
     url: str, key: str, body: dict[str, Any], *, requests: int, concurrency: int
 ) -> dict[str, Any]:
@@ -220,7 +227,11 @@ async def baseline(
 
 
 async def measure(
-    url: str, key: str, args: argparse.Namespace, before: tuple[str, str] | None = None
+    url: str,
+    key: str,
+    args: argparse.Namespace,
+    before: tuple[str, str] | None = None,
+    server_pid: int | None = None,
 ) -> dict[str, Any]:
     body = {"language": args.language, "code": args.code}
     await drive(url, key, body, requests=args.warmup, concurrency=8)
@@ -232,7 +243,13 @@ async def measure(
     old_headers = {"Authorization": f"Bearer {before[1]}"} if before is not None else {}
     for c in levels:
         if before is None:
-            corral.append(await drive(url, key, body, requests=args.requests, concurrency=c))
+            cpu = process_cpu_s(server_pid) if server_pid else None
+            level = await drive(url, key, body, requests=args.requests, concurrency=c)
+            if cpu is not None and server_pid:
+                # at c=1 a call's latency is mostly this: the server's own CPU per call
+                spent = process_cpu_s(server_pid) - cpu
+                level["server_cpu_ms_per_call"] = round(spent * 1000 / args.requests, 3)
+            corral.append(level)
             continue
         now, then = await side_by_side(
             lambda n, c=c: load(url, "/v1/run", body, headers, requests=n, concurrency=c),
@@ -309,7 +326,8 @@ def main() -> None:
             )
             earlier.wait_ready()
             before = (earlier.url, earlier.tenant_key())
-        results = asyncio.run(measure(url, key, args, before))
+        pid = server.proc.pid if server is not None else None
+        results = asyncio.run(measure(url, key, args, before, pid))
         metrics = httpx.get(f"{url}/metrics", timeout=10).text
         results["pool"] = [
             line for line in metrics.splitlines() if line.startswith("corral_pool_workers")
