@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
 
 import click
 import httpx
@@ -181,6 +182,10 @@ def _request(url: str, key: str | None, method: str, path: str, body: Any = None
             response = client.request(method, path, json=body, headers=headers)
     except httpx.HTTPError as exc:
         raise click.ClickException(f"cannot reach {url}: {exc}") from None
+    if response.status_code < 400 and response.headers.get("content-type", "").startswith(
+        "text/csv"
+    ):
+        return response.text
     try:
         data = response.json() if response.content else None
     except ValueError:
@@ -232,6 +237,91 @@ def tenant_create(name: str, quota: tuple[str, ...], url: str, admin_key: str) -
 def tenant_list(url: str, admin_key: str) -> None:
     """List tenants."""
     _echo(_request(url, admin_key, "GET", "/v1/tenants"))
+
+
+@main.command()
+@click.option("--start", default=None, help="From (ISO 8601 with a timezone) [24 h before end].")
+@click.option("--end", default=None, help="Until (ISO 8601 with a timezone) [now].")
+@click.option(
+    "--group-by",
+    default="tenant,day",
+    show_default=True,
+    help="Comma-separated: tenant, backend, language, function, kind, hour, day.",
+)
+@click.option("--tenant", default=None, help="One tenant's id (with the admin key).")
+@click.option(
+    "--format",
+    "output",
+    type=click.Choice(["table", "csv", "json"]),
+    default="table",
+    show_default=True,
+)
+@_url
+@click.option(
+    "--api-key",
+    envvar=["CORRAL_API_KEY", "CORRAL_ADMIN_KEY"],
+    required=True,
+    help="A tenant's key (its own usage) or the admin key (everyone's) "
+    "[CORRAL_API_KEY, CORRAL_ADMIN_KEY].",
+)
+def usage(
+    start: str | None,
+    end: str | None,
+    group_by: str,
+    tenant: str | None,
+    output: str,
+    url: str,
+    api_key: str,
+) -> None:
+    """Use and cost over a time range, grouped (GET /v1/usage)."""
+    params = {"group_by": group_by, "start": start, "end": end, "tenant": tenant}
+    query = urlencode({k: v for k, v in params.items() if v is not None})
+    if output == "csv":
+        click.echo(_request(url, api_key, "GET", f"/v1/usage?{query}&format=csv"), nl=False)
+        return
+    report = _request(url, api_key, "GET", f"/v1/usage?{query}")
+    if output == "json":
+        _echo(report)
+        return
+    click.echo(usage_table(report))
+
+
+def usage_table(report: dict[str, Any]) -> str:
+    """A usage report as an aligned text table, its total last."""
+    groups: list[str] = report["group_by"]
+    columns = [
+        *groups,
+        "events",
+        "failures",
+        "cpu_s",
+        "memory_gb_s",
+        "instance_hours",
+        "queue_share",
+        "setup_share",
+        "exec_share",
+        "cost",
+    ]
+    shown = [
+        *(r["group"] | {k: v for k, v in r.items() if k != "group"} for r in report["rows"]),
+        {**report["total"], **dict.fromkeys(groups, ""), groups[0]: "total"},
+    ]
+
+    def cell(row: dict[str, Any], column: str) -> str:
+        value = row[column]
+        if column.endswith("_share"):
+            return f"{value * 100:.1f}%"
+        if column == "cost":
+            return f"{value:.6f}"
+        if isinstance(value, float):
+            return f"{value:.3f}"
+        return str(value)
+
+    cells = [[cell(row, c) for c in columns] for row in shown]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
+    lines.append(f"{report['start']} .. {report['end']}, {report['currency']}")
+    return "\n".join(lines)
 
 
 @main.group()

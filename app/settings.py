@@ -14,6 +14,7 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.quotas.spec import QuotaDefaults
+from app.usage.prices import Prices
 from runtimes.node.settings import NodeSettings
 
 #: Admin keys that are refused outside dev mode.
@@ -205,6 +206,11 @@ class Settings(DatabaseSettings):
     )
 
     quota: QuotaDefaults = Field(default_factory=QuotaDefaults)
+    prices: Prices = Field(
+        default_factory=Prices,
+        description="What usage costs (GET /v1/usage), "
+        "e.g. CORRAL_PRICES='{\"cpu_second\": 0.00002}'.",
+    )
     node: NodeSettings = Field(
         default_factory=NodeSettings, description="The node agent `corral serve` embeds."
     )

@@ -3,7 +3,8 @@
 The ``code`` of a ``fake`` execution is a JSON object that says what the "program"
 does: ``{"stdout": "hi", "stderr": "", "exit": 0, "sleep": 0.5, "crash": false}``;
 ``"repeat": n`` prints its stdout and stderr ``n`` times, ``"files": {path: base64}`` are
-the files it leaves for ``fetch_files``.
+the files it leaves for ``fetch_files``, ``"cpu_ms"`` (default 1) and
+``"peak_memory_kb"`` what it reports having used.
 It needs CORRAL_DEV_MODE and is never started in production. With ``run_log`` set
 (``CORRAL_FAKE='{"run_log": PATH}'``) every run appends its invocation id to that file,
 so that tests can count how often an execution really ran, across processes.
@@ -68,7 +69,15 @@ class FakeRuntime(Runtime):
         stage.judge_contention()
         left: dict[str, str] = program.get("files", {})
         files = {path: left[path] for path in spec.fetch_files if path in left}
-        return RunResult(run=stage, files=files, exec_ms=elapsed, cpu_ms=stage.cpu_ms)
+        peak = program.get("peak_memory_kb")
+        stage.peak_memory_kb = int(peak) if peak is not None else None
+        return RunResult(
+            run=stage,
+            files=files,
+            exec_ms=elapsed,
+            cpu_ms=stage.cpu_ms,
+            peak_memory_kb=stage.peak_memory_kb,
+        )
 
     async def close(self) -> None:
         self.closed = True

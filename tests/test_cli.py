@@ -37,6 +37,7 @@ COMMANDS = [
     ["key", "create"],
     ["key", "revoke"],
     ["run"],
+    ["usage"],
     ["functions"],
     ["functions", "deploy"],
     ["functions", "list"],
@@ -400,3 +401,52 @@ def test_db_upgrade_command(tmp_path: Any) -> None:
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == "database at head"
     assert (tmp_path / "corral.db").exists()
+
+
+# --- usage --------------------------------------------------------------------------------
+def test_usage_as_a_table_csv_and_json_agrees_with_the_api(server_url: str, api_key: str) -> None:
+    import csv
+    import io
+
+    import httpx
+
+    env = {"CORRAL_URL": server_url, "CORRAL_API_KEY": api_key}
+    for cpu_ms in (1500, 2500):
+        done = corral(
+            "run", "-l", "fake", "-c", json.dumps({"stdout": "ok", "cpu_ms": cpu_ms}), **env
+        )
+        assert done.exit_code == 0, done.output
+    headers = {"Authorization": f"Bearer {api_key}"}
+    params = {"group_by": "tenant,language"}
+    deadline = time.monotonic() + 10
+    while True:  # results are stored as they come
+        api = httpx.get(f"{server_url}/v1/usage", params=params, headers=headers).json()
+        if api["total"]["events"] >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert api["total"]["events"] == 2 and api["total"]["cpu_s"] == pytest.approx(4.0)
+
+    as_json = corral("usage", "--group-by", "tenant,language", "--format", "json", **env)
+    assert as_json.exit_code == 0, as_json.output
+    assert json.loads(as_json.stdout)["rows"] == api["rows"]
+
+    as_csv = corral("usage", "--group-by", "tenant,language", "--format", "csv", **env)
+    assert as_csv.exit_code == 0, as_csv.output
+    [row, total] = list(csv.DictReader(io.StringIO(as_csv.stdout)))
+    assert (row["tenant"], row["language"]) == ("runner", "fake")
+    assert float(row["cpu_s"]) == pytest.approx(4.0) and float(row["cost"]) == pytest.approx(
+        api["rows"][0]["cost"]
+    )
+    assert total["tenant"] == "total" and int(total["events"]) == 2
+
+    table = corral("usage", "--group-by", "tenant,language", **env)
+    assert table.exit_code == 0, table.output
+    lines = table.stdout.splitlines()
+    assert lines[0].split()[:4] == ["tenant", "language", "events", "failures"]
+    runner = lines[1].split()
+    assert runner[:3] == ["runner", "fake", "2"] and float(runner[4]) == pytest.approx(4.0)
+    assert f"{api['rows'][0]['cost']:.6f}" in lines[1]
+    assert lines[2].split()[0] == "total"
+
+    refused = corral("usage", "--group-by", "colour", **env)
+    assert_clean_error(refused, "422", "unknown grouping")

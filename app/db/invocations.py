@@ -75,6 +75,17 @@ _CURRENT = and_(_T.c.id == bindparam("b_id"), _T.c.claim == bindparam("b_claim")
 _UPDATE_CURRENT = update(_T).where(_CURRENT)
 
 
+def bytes_out(result: RunResult) -> int:
+    """What a call gave back: its stages' output (UTF-8) and its fetched files (decoded)."""
+    size = 0
+    for stage in (result.compile, result.run):
+        if stage is not None:
+            size += len(stage.stdout.encode()) + len(stage.stderr.encode())
+    for encoded in result.files.values():
+        size += len(encoded) * 3 // 4 - encoded[-2:].count("=")
+    return size
+
+
 def epoch(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, UTC)
 
@@ -190,6 +201,7 @@ class Create(Batchable):
             "stderr": "",
             "stdout_truncated": False,
             "stderr_truncated": False,
+            "bytes_in": len(self.job.encode()),  # what goes to the node: code, stdin, files
         }
 
     @classmethod
@@ -300,6 +312,7 @@ class Finish(_Final):
             "teardown_ms": result.teardown_ms,
             "cpu_ms": result.cpu_ms,
             "peak_memory_kb": result.peak_memory_kb,
+            "bytes_out": bytes_out(result),
             BLOB_PARTS: split.blobs,
         }
 

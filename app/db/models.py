@@ -197,6 +197,9 @@ class Invocation(Base):
     teardown_ms: Mapped[float | None] = mapped_column(Float, default=None)
     cpu_ms: Mapped[float | None] = mapped_column(Float, default=None)
     peak_memory_kb: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    #: what the call carried in (its Job: code, stdin, files) and out (its output and files)
+    bytes_in: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    bytes_out: Mapped[int | None] = mapped_column(BigInteger, default=None)
 
 
 class Blob(Base):
@@ -258,17 +261,24 @@ class UsageEvent(Base):
     peak_memory_kb: Mapped[int | None] = mapped_column(BigInteger, default=None)
     instance_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     memory_mb_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    bytes_in: Mapped[int] = mapped_column(BigInteger, default=0)
+    bytes_out: Mapped[int] = mapped_column(BigInteger, default=0)
+    retries: Mapped[int] = mapped_column(Integer, default=0)
     rolled: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
 class UsageRollup(Base):
-    """Per tenant (``""``: the platform), UTC hour and kind: the sums of usage events."""
+    """Per tenant (``""``: the platform), UTC hour, kind, runtime (the backend), language
+    and function version (``""`` where an event has none): the sums of usage events."""
 
     __tablename__ = "usage_rollups"
 
     tenant_id: Mapped[str] = mapped_column(String(32), primary_key=True)
     hour: Mapped[datetime] = mapped_column(primary_key=True)
     kind: Mapped[str] = mapped_column(String(32), primary_key=True)
+    runtime: Mapped[str] = mapped_column(String(32), primary_key=True, default="")
+    language: Mapped[str] = mapped_column(String(32), primary_key=True, default="")
+    function_version_id: Mapped[str] = mapped_column(String(32), primary_key=True, default="")
     events: Mapped[int] = mapped_column(BigInteger, default=0)
     failures: Mapped[int] = mapped_column(BigInteger, default=0)
     queue_ms: Mapped[float] = mapped_column(Float, default=0.0)
@@ -278,6 +288,9 @@ class UsageRollup(Base):
     cpu_ms: Mapped[float] = mapped_column(Float, default=0.0)
     instance_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     memory_mb_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    bytes_in: Mapped[int] = mapped_column(BigInteger, default=0)
+    bytes_out: Mapped[int] = mapped_column(BigInteger, default=0)
+    retries: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
 class Sandbox(Base):

@@ -42,7 +42,10 @@ _ROLLUPS = cast(Table, UsageRollup.__table__)
 _INV = cast(Table, Invocation.__table__)
 
 COSTS = ("queue_ms", "setup_ms", "exec_ms", "teardown_ms", "cpu_ms")
-SUMS = (*COSTS, "instance_seconds", "memory_mb_seconds")
+COUNTS = ("bytes_in", "bytes_out", "retries")
+SUMS = (*COSTS, "instance_seconds", "memory_mb_seconds", *COUNTS)
+#: What a rollup row is keyed by besides tenant and hour ("" where an event has none).
+DIMENSIONS = ("kind", "runtime", "language", "function_version_id")
 #: The rollup row of the platform's own usage (idle warm capacity).
 PLATFORM = ""
 #: Events rolled up per transaction.
@@ -65,6 +68,7 @@ _FROM_ROWS = insert(_EVENTS).from_select(
         "peak_memory_kb",
         "instance_seconds",
         "memory_mb_seconds",
+        *COUNTS,
         "rolled",
     ],
     select(
@@ -81,7 +85,14 @@ _FROM_ROWS = insert(_EVENTS).from_select(
         *(func.coalesce(_INV.c[name], 0.0) for name in COSTS),
         _INV.c.peak_memory_kb,
         literal(0.0),
-        literal(0.0),
+        # the call's memory held for its run: its peak, for as long as it ran
+        func.coalesce(_INV.c.peak_memory_kb, 0)
+        / 1024.0
+        * func.coalesce(_INV.c.exec_ms, 0.0)
+        / 1000.0,
+        func.coalesce(_INV.c.bytes_in, 0),
+        func.coalesce(_INV.c.bytes_out, 0),
+        _INV.c.attempts - 1,
         false(),
     ).where(_INV.c.id.in_(bindparam("ids", expanding=True))),
 )
@@ -113,6 +124,7 @@ async def record_pool_usage(session: AsyncSession, events: Sequence[PoolUsage]) 
                 **dict.fromkeys(COSTS, 0.0),
                 "instance_seconds": e.idle_instance_seconds,
                 "memory_mb_seconds": e.idle_memory_mb_seconds,
+                **dict.fromkeys(COUNTS, 0),
                 "rolled": False,
             }
             for e in events
@@ -121,11 +133,11 @@ async def record_pool_usage(session: AsyncSession, events: Sequence[PoolUsage]) 
 
 
 def _upsert(insert_: Any) -> Any:
-    """``INSERT .. ON CONFLICT (tenant, hour, kind) DO UPDATE`` adding to the sums."""
+    """``INSERT .. ON CONFLICT (tenant, hour, dimensions) DO UPDATE`` adding to the sums."""
     stmt = insert_(_ROLLUPS)
     counters = ("events", "failures", *SUMS)
     return stmt.on_conflict_do_update(
-        index_elements=["tenant_id", "hour", "kind"],
+        index_elements=["tenant_id", "hour", *DIMENSIONS],
         set_={name: _ROLLUPS.c[name] + stmt.excluded[name] for name in counters},
     )
 
@@ -146,12 +158,12 @@ async def roll_up(session: AsyncSession, *, batch: int = ROLL_BATCH) -> int:
         .returning(
             _EVENTS.c.tenant_id,
             _EVENTS.c.occurred_at,
-            _EVENTS.c.kind,
+            *(_EVENTS.c[name] for name in DIMENSIONS),
             _EVENTS.c.status,
             *(_EVENTS.c[name] for name in SUMS),
         )
     )
-    rows: dict[tuple[str, datetime, str], dict[str, Any]] = {}
+    rows: dict[tuple[Any, ...], dict[str, Any]] = {}
     count = 0
     for event in marked:
         count += 1
@@ -159,21 +171,24 @@ async def roll_up(session: AsyncSession, *, batch: int = ROLL_BATCH) -> int:
         if occurred.tzinfo is None:
             occurred = occurred.replace(tzinfo=UTC)
         hour = occurred.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
-        key = (event.tenant_id or PLATFORM, hour, event.kind)
+        dims = tuple(getattr(event, name) or "" for name in DIMENSIONS)
+        key = (event.tenant_id or PLATFORM, hour, *dims)
         row = rows.get(key)
         if row is None:
             row = rows[key] = {
                 "tenant_id": key[0],
                 "hour": hour,
-                "kind": key[2],
+                **dict(zip(DIMENSIONS, dims, strict=True)),
                 "events": 0,
                 "failures": 0,
                 **dict.fromkeys(SUMS, 0.0),
+                **dict.fromkeys(COUNTS, 0),
             }
         row["events"] += 1
         row["failures"] += 1 if event.status in ("failed", "errored") else 0
         for name in SUMS:
-            row[name] += float(getattr(event, name) or 0.0)
+            value = getattr(event, name) or 0
+            row[name] += int(value) if name in COUNTS else float(value)
     if rows:
         values = [rows[key] for key in sorted(rows)]  # one lock order for every roller
         await conn.execute(_UPSERT[conn.dialect.name], values)

@@ -65,6 +65,13 @@ class Authenticator:
             if self._admin_key and keys.admin_matches(presented, self._admin_key):
                 return _ADMIN
             raise AdminRequired()
+        if (
+            auth == "tenant_or_admin"
+            and presented is not None
+            and self._admin_key
+            and keys.admin_matches(presented, self._admin_key)
+        ):
+            return _ADMIN
         if presented is None:
             if auth == "tenant_or_default" and self._default_tenant is not None:
                 if is_keyless(request.scope):

@@ -24,7 +24,7 @@ from app.http import jsonbody
 if TYPE_CHECKING:
     from app.services import Services
 
-Auth = Literal["none", "tenant", "admin", "tenant_or_default"]
+Auth = Literal["none", "tenant", "admin", "tenant_or_default", "tenant_or_admin"]
 
 
 @dataclass(slots=True)

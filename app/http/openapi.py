@@ -21,7 +21,12 @@ from app.schemas.common import ErrorResponse
 Mode = Literal["validation", "serialization"]
 _REF = "#/components/schemas/{model}"
 _PATH_PARAM = re.compile(r"{(\w+)(?::\w+)?}")
-_AUTH_ERRORS = {"tenant": (401, 403), "admin": (401, 403), "tenant_or_default": (401, 403)}
+_AUTH_ERRORS = {
+    "tenant": (401, 403),
+    "admin": (401, 403),
+    "tenant_or_default": (401, 403),
+    "tenant_or_admin": (401, 403),
+}
 
 
 def build(endpoints: list[Endpoint], *, title: str, version: str) -> dict[str, Any]:

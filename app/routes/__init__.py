@@ -12,6 +12,7 @@ from app.routes import (
     sandboxes,
     sandboxfusion,
     tenants,
+    usage,
 )
 
 ENDPOINTS: list[Endpoint] = [
@@ -23,4 +24,5 @@ ENDPOINTS: list[Endpoint] = [
     *sandboxfusion.endpoints,
     *functions.endpoints,
     *sandboxes.endpoints,
+    *usage.endpoints,
 ]

@@ -88,7 +88,7 @@ async def test_upgrade_downgrade_upgrade(engine: AsyncEngine) -> None:
 
     await upgrade(engine, "head")
     assert await _tables(engine) == MODEL_TABLES | {"alembic_version"}
-    assert await _revision(engine) == "0007"
+    assert await _revision(engine) == "0008"
 
     await downgrade(engine, "base")
     assert await _tables(engine) == {"alembic_version"}
@@ -96,7 +96,7 @@ async def test_upgrade_downgrade_upgrade(engine: AsyncEngine) -> None:
 
     await upgrade(engine, "head")
     assert await _tables(engine) == MODEL_TABLES | {"alembic_version"}
-    assert await _revision(engine) == "0007"
+    assert await _revision(engine) == "0008"
 
 
 async def test_upgrade_is_idempotent(engine: AsyncEngine) -> None:
@@ -192,3 +192,43 @@ async def test_0003_keeps_quotas_usage_and_functions(engine: AsyncEngine) -> Non
         day = (await conn.execute(text("SELECT invocations, cpu_ms FROM usage_rollups"))).one()
         runtime = (await conn.execute(text("SELECT runtime FROM functions"))).scalar_one()
     assert (burst, tuple(day), runtime) == (9, (7, 5.0), "python")
+
+
+async def test_0008_keeps_rollups_under_empty_dimensions(engine: AsyncEngine) -> None:
+    """Rollups written under 0007 keep their sums under 0008 (runtime, language and
+    function ``""``), and fold back into one row per tenant, hour and kind on downgrade."""
+    from sqlalchemy import text
+
+    await upgrade(engine, "0007")
+    async with engine.begin() as conn:
+        await conn.execute(
+            text(
+                "INSERT INTO usage_rollups (tenant_id, hour, kind, events, failures, queue_ms,"
+                " setup_ms, exec_ms, teardown_ms, cpu_ms, instance_seconds, memory_mb_seconds)"
+                " VALUES ('ten_1', '2026-11-02 05:00:00+00:00', 'run', 7, 2, 1, 2, 3, 4, 5, 0, 0)"
+            )
+        )
+    await upgrade(engine, "0008")
+    async with engine.begin() as conn:
+        row = (
+            await conn.execute(
+                text(
+                    "SELECT runtime, language, function_version_id, events, cpu_ms, bytes_in"
+                    " FROM usage_rollups"
+                )
+            )
+        ).one()
+        assert tuple(row) == ("", "", "", 7, 5.0, 0)
+        await conn.execute(
+            text(
+                "INSERT INTO usage_rollups (tenant_id, hour, kind, runtime, language,"
+                " function_version_id, events, failures, queue_ms, setup_ms, exec_ms,"
+                " teardown_ms, cpu_ms, instance_seconds, memory_mb_seconds, bytes_in,"
+                " bytes_out, retries) VALUES ('ten_1', '2026-11-02 05:00:00+00:00', 'run',"
+                " 'nsjail', 'python', '', 3, 0, 0, 0, 0, 0, 10, 0, 0, 100, 200, 1)"
+            )
+        )
+    await downgrade(engine, "0007")
+    async with engine.connect() as conn:
+        back = (await conn.execute(text("SELECT events, cpu_ms FROM usage_rollups"))).one()
+    assert tuple(back) == (10, 15.0)

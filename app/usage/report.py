@@ -1,0 +1,229 @@
+"""Usage grouped and priced over a range of whole UTC hours.
+
+The rollups hold the sums of usage events per tenant, hour, kind, runtime, language and
+function version; events not rolled up yet (the last second's) are read as well, and
+added under the same keys, so a report is complete up to now and counts each event
+once (``roll_up`` marks an event rolled in the transaction that adds it). A range is
+widened to whole hours, the rollups' grain: ``start`` down, ``end`` up.
+
+Each source row is priced on its own (an instance-hour's price depends on its backend)
+and the costs are summed into the groups asked for. Time is split into its phases:
+waiting in the queue, setting up, executing and tearing down; each group says what share
+of its time each phase took, which is the question a training team asks of its bill
+("how much of it was waiting?").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal, cast
+
+from sqlalchemy import Table, false, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.db.models import Function, FunctionVersion, Tenant, UsageEvent, UsageRollup
+from app.db.usage import COUNTS, DIMENSIONS, PLATFORM
+from app.usage.prices import Prices
+
+Group = Literal["tenant", "backend", "language", "function", "kind", "hour", "day"]
+GROUPS: tuple[Group, ...] = ("tenant", "backend", "language", "function", "kind", "hour", "day")
+PHASES = ("queue_ms", "setup_ms", "exec_ms", "teardown_ms")
+QUANTITIES = (*PHASES, "cpu_ms", "instance_seconds", "memory_mb_seconds", *COUNTS)
+#: The tenant column's value for the platform's own use (idle warm capacity).
+PLATFORM_NAME = "(platform)"
+
+_ROLLUPS = cast(Table, UsageRollup.__table__)
+_EVENTS = cast(Table, UsageEvent.__table__)
+
+
+def hour_floor(moment: datetime) -> datetime:
+    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def whole_hours(start: datetime, end: datetime) -> tuple[datetime, datetime]:
+    """``[start, end)`` widened to whole UTC hours."""
+    first, last = hour_floor(start), hour_floor(end)
+    return first, (last if last == end.astimezone(UTC) else last + timedelta(hours=1))
+
+
+@dataclass(slots=True)
+class Line:
+    """One group's use and cost."""
+
+    key: dict[str, str]
+    events: int = 0
+    failures: int = 0
+    sums: dict[str, float] = field(default_factory=lambda: dict.fromkeys(QUANTITIES, 0.0))
+    cost: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(("cpu", "memory", "instances", "transfer"), 0.0)
+    )
+
+    @property
+    def total_cost(self) -> float:
+        return sum(self.cost.values())
+
+    def shares(self) -> dict[str, float]:
+        """Each phase's share of the group's time (0 when it has none)."""
+        total = sum(self.sums[p] for p in PHASES)
+        return {p.removesuffix("_ms"): (self.sums[p] / total if total else 0.0) for p in PHASES}
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """A rollup row or an event not rolled up yet: one priced unit."""
+
+    tenant_id: str
+    hour: datetime
+    dims: dict[str, str]
+    events: int
+    failures: int
+    sums: dict[str, float]
+
+
+async def report(
+    session: AsyncSession,
+    *,
+    start: datetime,
+    end: datetime,
+    group_by: Sequence[Group],
+    prices: Prices,
+    tenant_id: str | None,
+) -> list[Line]:
+    """Usage in ``[start, end)`` (whole hours) grouped by ``group_by``; only
+    ``tenant_id``'s when given, everyone's and the platform's when None (the operator)."""
+    first, last = whole_hours(start, end)
+    sources = [
+        *await _rolled(session, first, last, tenant_id),
+        *await _pending(session, first, last, tenant_id),
+    ]
+    names = await _names(session, sources, group_by)
+    lines: dict[tuple[str, ...], Line] = {}
+    for source in sources:
+        key: dict[str, str] = {g: _value(g, source, names) for g in group_by}
+        line = lines.setdefault(tuple(key.values()), Line(key))
+        line.events += source.events
+        line.failures += source.failures
+        for name in QUANTITIES:
+            line.sums[name] += source.sums[name]
+        priced = prices.of(
+            source.dims["runtime"],
+            cpu_ms=source.sums["cpu_ms"],
+            memory_mb_seconds=source.sums["memory_mb_seconds"],
+            instance_seconds=source.sums["instance_seconds"],
+            bytes_moved=int(source.sums["bytes_in"] + source.sums["bytes_out"]),
+        )
+        for part, amount in priced.items():
+            line.cost[part] += amount
+    return [lines[k] for k in sorted(lines)]
+
+
+async def _rolled(
+    session: AsyncSession, first: datetime, last: datetime, tenant_id: str | None
+) -> list[Source]:
+    query = select(_ROLLUPS).where(_ROLLUPS.c.hour >= first, _ROLLUPS.c.hour < last)
+    if tenant_id is not None:
+        query = query.where(_ROLLUPS.c.tenant_id == tenant_id)
+    rows = (await session.execute(query)).all()
+    return [
+        Source(
+            tenant_id=row.tenant_id,
+            hour=_aware(row.hour),
+            dims={d: getattr(row, d) or "" for d in DIMENSIONS},
+            events=int(row.events),
+            failures=int(row.failures),
+            sums={q: float(getattr(row, q) or 0) for q in QUANTITIES},
+        )
+        for row in rows
+    ]
+
+
+async def _pending(
+    session: AsyncSession, first: datetime, last: datetime, tenant_id: str | None
+) -> list[Source]:
+    query = select(_EVENTS).where(
+        _EVENTS.c.rolled == false(), _EVENTS.c.occurred_at >= first, _EVENTS.c.occurred_at < last
+    )
+    if tenant_id is not None:
+        query = query.where(_EVENTS.c.tenant_id == tenant_id)
+    rows = (await session.execute(query)).all()
+    return [
+        Source(
+            tenant_id=row.tenant_id or PLATFORM,
+            hour=hour_floor(_aware(row.occurred_at)),
+            dims={d: getattr(row, d) or "" for d in DIMENSIONS},
+            events=1,
+            failures=1 if row.status in ("failed", "errored") else 0,
+            sums={q: float(getattr(row, q) or 0) for q in QUANTITIES},
+        )
+        for row in rows
+    ]
+
+
+async def _names(
+    session: AsyncSession, sources: Iterable[Source], group_by: Sequence[Group]
+) -> dict[str, str]:
+    """Display names of the tenants and function versions the groups show."""
+    names: dict[str, str] = {PLATFORM: PLATFORM_NAME}
+    if "tenant" in group_by:
+        ids = {s.tenant_id for s in sources} - {PLATFORM}
+        if ids:
+            found = await session.execute(select(Tenant.id, Tenant.name).where(Tenant.id.in_(ids)))
+            names.update({row.id: row.name for row in found})
+    if "function" in group_by:
+        ids = {s.dims["function_version_id"] for s in sources} - {""}
+        if ids:
+            found = await session.execute(
+                select(FunctionVersion.id, FunctionVersion.version, Function.name)
+                .join(Function, Function.id == FunctionVersion.function_id)
+                .where(FunctionVersion.id.in_(ids))
+            )
+            names.update({row.id: f"{row.name}@{row.version}" for row in found})
+    return names
+
+
+def _value(group: Group, source: Source, names: dict[str, str]) -> str:
+    match group:
+        case "tenant":
+            return names.get(source.tenant_id, source.tenant_id)
+        case "backend":
+            return source.dims["runtime"]
+        case "language":
+            return source.dims["language"]
+        case "function":
+            version = source.dims["function_version_id"]
+            return names.get(version, version)
+        case "kind":
+            return source.dims["kind"]
+        case "hour":
+            return source.hour.isoformat()
+        case "day":
+            return source.hour.date().isoformat()
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def as_row(line: Line) -> dict[str, Any]:
+    """A line as the API and the CSV give it: keys, use, cost and shares, flat."""
+    sums = line.sums
+    return {
+        **line.key,
+        "events": line.events,
+        "failures": line.failures,
+        "retries": int(sums["retries"]),
+        "queue_s": sums["queue_ms"] / 1000.0,
+        "setup_s": sums["setup_ms"] / 1000.0,
+        "exec_s": sums["exec_ms"] / 1000.0,
+        "teardown_s": sums["teardown_ms"] / 1000.0,
+        "cpu_s": sums["cpu_ms"] / 1000.0,
+        "memory_gb_s": sums["memory_mb_seconds"] / 1024.0,
+        "instance_hours": sums["instance_seconds"] / 3600.0,
+        "bytes_in": int(sums["bytes_in"]),
+        "bytes_out": int(sums["bytes_out"]),
+        **{f"{phase}_share": share for phase, share in line.shares().items()},
+        **{f"cost_{part}": amount for part, amount in line.cost.items()},
+        "cost": line.total_cost,
+    }
