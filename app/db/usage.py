@@ -28,6 +28,7 @@ from sqlalchemy import (
     literal,
     select,
     true,
+    union_all,
     update,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -215,19 +216,18 @@ def day_bounds(day: date) -> tuple[datetime, datetime]:
 
 
 async def cpu_seconds(session: AsyncSession, *, tenant_id: str, day: date) -> float:
-    """CPU-seconds a tenant used on a UTC day: rolled up, plus not rolled up yet."""
+    """CPU-seconds a tenant used on a UTC day: rolled up, plus not rolled up yet, read in
+    one statement (one snapshot: an event rolled up between two reads would be missed)."""
     start, end = day_bounds(day)
-    rolled = await session.scalar(
-        select(func.coalesce(func.sum(_ROLLUPS.c.cpu_ms), 0.0)).where(
-            _ROLLUPS.c.tenant_id == tenant_id, _ROLLUPS.c.hour >= start, _ROLLUPS.c.hour < end
-        )
+    rolled = select(_ROLLUPS.c.cpu_ms.label("cpu_ms")).where(
+        _ROLLUPS.c.tenant_id == tenant_id, _ROLLUPS.c.hour >= start, _ROLLUPS.c.hour < end
     )
-    pending = await session.scalar(
-        select(func.coalesce(func.sum(_EVENTS.c.cpu_ms), 0.0)).where(
-            _EVENTS.c.rolled == false(),
-            _EVENTS.c.tenant_id == tenant_id,
-            _EVENTS.c.occurred_at >= start,
-            _EVENTS.c.occurred_at < end,
-        )
+    pending = select(_EVENTS.c.cpu_ms).where(
+        _EVENTS.c.rolled == false(),
+        _EVENTS.c.tenant_id == tenant_id,
+        _EVENTS.c.occurred_at >= start,
+        _EVENTS.c.occurred_at < end,
     )
-    return (float(rolled or 0.0) + float(pending or 0.0)) / 1000.0
+    both = union_all(rolled, pending).subquery()
+    total = await session.scalar(select(func.coalesce(func.sum(both.c.cpu_ms), 0.0)))
+    return float(total or 0.0) / 1000.0

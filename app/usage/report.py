@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, cast
 
-from sqlalchemy import Table, false, select
+from sqlalchemy import Table, case, false, func, literal, select, union_all
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import Function, FunctionVersion, Tenant, UsageEvent, UsageRollup
@@ -94,10 +94,7 @@ async def report(
     """Usage in ``[start, end)`` (whole hours) grouped by ``group_by``; only
     ``tenant_id``'s when given, everyone's and the platform's when None (the operator)."""
     first, last = whole_hours(start, end)
-    sources = [
-        *await _rolled(session, first, last, tenant_id),
-        *await _pending(session, first, last, tenant_id),
-    ]
+    sources = await _sources(session, first, last, tenant_id)
     names = await _names(session, sources, group_by)
     lines: dict[tuple[str, ...], Line] = {}
     for source in sources:
@@ -119,46 +116,52 @@ async def report(
     return [lines[k] for k in sorted(lines)]
 
 
-async def _rolled(
+async def _sources(
     session: AsyncSession, first: datetime, last: datetime, tenant_id: str | None
 ) -> list[Source]:
-    query = select(_ROLLUPS).where(_ROLLUPS.c.hour >= first, _ROLLUPS.c.hour < last)
-    if tenant_id is not None:
-        query = query.where(_ROLLUPS.c.tenant_id == tenant_id)
-    rows = (await session.execute(query)).all()
-    return [
-        Source(
-            tenant_id=row.tenant_id,
-            hour=_aware(row.hour),
-            dims={d: getattr(row, d) or "" for d in DIMENSIONS},
-            events=int(row.events),
-            failures=int(row.failures),
-            sums={q: float(getattr(row, q) or 0) for q in QUANTITIES},
-        )
-        for row in rows
-    ]
-
-
-async def _pending(
-    session: AsyncSession, first: datetime, last: datetime, tenant_id: str | None
-) -> list[Source]:
-    query = select(_EVENTS).where(
+    """The rollups and the events not rolled up yet, in one statement: one snapshot of
+    both, so an event rolled up between two reads is neither missed nor counted twice
+    (two statements see two snapshots, under SQLite's autocommit reads and PostgreSQL's
+    read committed alike)."""
+    rolled = select(
+        _ROLLUPS.c.tenant_id,
+        _ROLLUPS.c.hour.label("moment"),
+        *(_ROLLUPS.c[d] for d in DIMENSIONS),
+        _ROLLUPS.c.events,
+        _ROLLUPS.c.failures,
+        *(_ROLLUPS.c[q] for q in QUANTITIES),
+    ).where(_ROLLUPS.c.hour >= first, _ROLLUPS.c.hour < last)
+    pending = select(
+        func.coalesce(_EVENTS.c.tenant_id, PLATFORM),
+        _EVENTS.c.occurred_at,
+        *(func.coalesce(_EVENTS.c[d], "") for d in DIMENSIONS),
+        literal(1),
+        case((_EVENTS.c.status.in_(("failed", "errored")), 1), else_=0),
+        *(func.coalesce(_EVENTS.c[q], 0) for q in QUANTITIES),
+    ).where(
         _EVENTS.c.rolled == false(), _EVENTS.c.occurred_at >= first, _EVENTS.c.occurred_at < last
     )
     if tenant_id is not None:
-        query = query.where(_EVENTS.c.tenant_id == tenant_id)
-    rows = (await session.execute(query)).all()
+        rolled = rolled.where(_ROLLUPS.c.tenant_id == tenant_id)
+        pending = pending.where(_EVENTS.c.tenant_id == tenant_id)
+    rows = (await session.execute(union_all(rolled, pending))).all()
     return [
         Source(
-            tenant_id=row.tenant_id or PLATFORM,
-            hour=hour_floor(_aware(row.occurred_at)),
-            dims={d: getattr(row, d) or "" for d in DIMENSIONS},
-            events=1,
-            failures=1 if row.status in ("failed", "errored") else 0,
-            sums={q: float(getattr(row, q) or 0) for q in QUANTITIES},
+            tenant_id=row[0] or PLATFORM,
+            hour=hour_floor(_aware(_moment(row[1]))),
+            dims={d: row[2 + i] or "" for i, d in enumerate(DIMENSIONS)},
+            events=int(row[2 + len(DIMENSIONS)]),
+            failures=int(row[3 + len(DIMENSIONS)]),
+            sums={q: float(row[4 + len(DIMENSIONS) + i] or 0) for i, q in enumerate(QUANTITIES)},
         )
         for row in rows
     ]
+
+
+def _moment(value: datetime | str) -> datetime:
+    """A union's time column: SQLite gives the stored text back (the column type of a
+    compound select is not applied to its rows), PostgreSQL a datetime."""
+    return value if isinstance(value, datetime) else datetime.fromisoformat(value)
 
 
 async def _names(
