@@ -27,6 +27,7 @@ run: $(STAMP)
 	@bash scripts/setup-wasm.sh
 	@bash scripts/setup-images.sh
 	@bash scripts/setup-sandboxes.sh
+	@bash scripts/setup-console.sh
 	@exec bash scripts/run
 
 test: $(STAMP)
@@ -34,6 +35,7 @@ test: $(STAMP)
 	@bash scripts/setup-wasm.sh
 	@bash scripts/setup-images.sh
 	@bash scripts/setup-sandboxes.sh
+	@bash scripts/setup-console.sh --browser
 	@set -a; eval "$$(bash scripts/services.sh)"; set +a; \
 	  CORRAL_TEST_REQUIRE_SERVICES=1 $(VENV)/bin/pytest $(PYTEST_ARGS)
 

@@ -13,6 +13,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
 from app import e2b
+from app.console import routes as console
 from app.functions import artifact_routes
 from app.http.errors import HANDLERS
 from app.http.listeners import serving_keyless
@@ -47,6 +48,7 @@ def create_app(settings: Settings | None = None, *, with_node: bool = True) -> S
             *e2b.routes(),
             *images.routes(),
             *artifact_routes.routes(),
+            *console.routes(),
         ],
         middleware=[
             Middleware(RequestMetrics, metrics=metrics),

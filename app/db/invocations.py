@@ -448,9 +448,10 @@ def _aware(value: datetime) -> datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
-async def get(session: AsyncSession, *, tenant_id: str, invocation_id: str) -> Invocation:
+async def get(session: AsyncSession, *, tenant_id: str | None, invocation_id: str) -> Invocation:
+    """The invocation, if it is ``tenant_id``'s (None: the operator, anyone's)."""
     row = await session.get(Invocation, invocation_id)
-    if row is None or row.tenant_id != tenant_id:
+    if row is None or (tenant_id is not None and row.tenant_id != tenant_id):
         raise NotFound(f"no invocation {invocation_id!r}")
     return row
 
@@ -458,16 +459,22 @@ async def get(session: AsyncSession, *, tenant_id: str, invocation_id: str) -> I
 async def list_for_tenant(
     session: AsyncSession,
     *,
-    tenant_id: str,
+    tenant_id: str | None,
     limit: int,
     status: str | None = None,
     kind: str | None = None,
     language: str | None = None,
+    function_version_id: str | None = None,
     before: datetime | None = None,
     after_row: tuple[datetime, str] | None = None,
 ) -> Sequence[Invocation]:
-    """Newest first. ``after_row`` (a decoded cursor) continues after that row."""
-    query = select(Invocation).where(Invocation.tenant_id == tenant_id)
+    """Newest first; ``tenant_id``'s (None: the operator, everyone's). ``after_row`` (a
+    decoded cursor) continues after that row."""
+    query = select(Invocation)
+    if tenant_id is not None:
+        query = query.where(Invocation.tenant_id == tenant_id)
+    if function_version_id:
+        query = query.where(Invocation.function_version_id == function_version_id)
     if status:
         query = query.where(Invocation.status == status)
     if kind:

@@ -350,3 +350,22 @@ class Snapshot(Base):
     size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     deleted_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class ConsoleSession(Base):
+    """A signed-in web console: the browser holds a random token in an HttpOnly cookie,
+    this row its SHA-256 and who signed in (never the key itself). A tenant's session
+    acts through the key it signed in with (revoked or disabled: over); the operator's
+    holds a fingerprint of the admin key it was made with (changed: over)."""
+
+    __tablename__ = "console_sessions"
+    __table_args__ = (Index("ix_console_sessions_expires", "expires_at"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  #: SHA-256 of the token
+    role: Mapped[str] = mapped_column(String(8))  #: admin | tenant
+    tenant_id: Mapped[str | None] = mapped_column(String(32), default=None)
+    key_id: Mapped[str | None] = mapped_column(String(32), default=None)
+    admin_fingerprint: Mapped[str | None] = mapped_column(String(64), default=None)
+    csrf: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column()
+    expires_at: Mapped[datetime] = mapped_column()

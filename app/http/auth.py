@@ -125,6 +125,10 @@ class Authenticator:
             self._cache[presented] = (now, principal)
         return principal
 
+    def principal_of(self, tenant: Tenant, key_id: str | None) -> Principal:
+        """The principal of ``tenant`` acting through ``key_id`` (checked by the caller)."""
+        return Principal(tenant.id, key_id, self._quota(tenant))
+
     def _quota(self, tenant: Tenant) -> QuotaLimits:
         return QuotaLimits.stored(tenant.quota.limits, self._default_quota)
 

@@ -81,9 +81,9 @@ class Endpoint:
             )
             call = Call(request=request, principal=principal)
             if self.query is not None:
-                call.query = _validate(self.query, dict(request.query_params), where="query")
+                call.query = validate(self.query, dict(request.query_params), where="query")
             if self.body is not None:
-                call.body = _validate(self.body, await read_json(request), where="body")
+                call.body = validate(self.body, await read_json(request), where="body")
             result = await self.handler(call)
             if isinstance(result, Response):
                 return result
@@ -148,7 +148,7 @@ async def read_json(request: Request) -> Any:
     return jsonbody.parse(raw)
 
 
-def _validate[M: BaseModel](model: type[M], data: Any, *, where: str) -> M:
+def validate[M: BaseModel](model: type[M], data: Any, *, where: str) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:

@@ -1,0 +1,41 @@
+"""A console action is an API call: the endpoint's own model validates the form's values,
+its own handler does the work, as the signed-in user, and the same authorisation applies
+(an admin endpoint needs the operator, a tenant endpoint a tenant)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+from starlette.requests import Request
+
+from app.auth.principal import Admin
+from app.console.sessions import User
+from app.errors import AdminRequired, Forbidden
+from app.http.endpoint import Call, Endpoint, validate
+
+
+class TenantRequired(Forbidden):
+    code, default_message = "tenant_required", "sign in with a tenant's key for this"
+
+
+async def perform(
+    endpoint: Endpoint,
+    request: Request,
+    user: User,
+    *,
+    path: dict[str, str] | None = None,
+    body: dict[str, Any] | None = None,
+) -> Any:
+    """Run ``endpoint``'s handler as ``user`` with ``path`` and ``body``; its result.
+    Raises the API's errors (``CorralError``), which the page shows."""
+    if endpoint.auth == "admin" and not user.is_admin:
+        raise AdminRequired()
+    if endpoint.auth in ("tenant", "tenant_or_default") and isinstance(user.principal, Admin):
+        raise TenantRequired()
+    scope = {**request.scope, "path_params": dict(path or {})}
+    call = Call(request=Request(scope, request.receive), principal=user.principal)
+    if endpoint.body is not None:
+        call.body = validate(endpoint.body, body or {}, where="body")
+    result = await endpoint.handler(call)
+    return result.model_dump(mode="json") if isinstance(result, BaseModel) else result

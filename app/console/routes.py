@@ -1,0 +1,460 @@
+"""The console's pages (``/console``): each reads through the services and repositories
+the API uses, scoped to the signed-in user; each change is a form posted with the
+session's CSRF token and done by the API's own endpoint (``app.console.actions``)."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from app.console import overview
+from app.console.actions import perform
+from app.console.sessions import COOKIE, LIFETIME, ConsoleSessions, User
+from app.db import invocations as repo
+from app.db import tenants as tenant_repo
+from app.db.cursors import decode_cursor, encode_cursor
+from app.errors import CorralError, NotFound, ValidationFailed
+from app.invocations import projection
+from app.routes import run as run_routes
+from app.routes import tenants as tenant_routes
+from app.routes.present import invocation_out
+from app.schemas.usage import UsageQuery
+from app.services import Services
+from app.usage import report as usage_report
+from app.usage.report import as_row
+
+log = logging.getLogger(__name__)
+
+HERE = Path(__file__).parent
+TEMPLATES = Jinja2Templates(directory=HERE / "templates")
+#: the chart library, installed from npm by scripts/setup-console.sh
+CHART_JS = HERE / "static" / "vendor" / "chart.js" / "dist" / "chart.umd.js"
+LOGIN_COOKIE = "corral_console_login"
+PAGE = 50
+#: how often the live overview is sent
+LIVE_EVERY_S = 2.0
+#: a live stream ends after this long and the browser's EventSource reconnects (after
+#: ``retry``): no connection is held open for ever (a gateway's shutdown waits for open
+#: streams up to its graceful timeout)
+LIVE_FOR_S = 60.0
+
+Page = Callable[[Request, User], Awaitable[Response]]
+
+
+def _services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+def _sessions(request: Request) -> ConsoleSessions:
+    services = _services(request)
+    admin_key = services.settings.admin_key
+    return ConsoleSessions(
+        services.sessions,
+        services.authenticator,
+        admin_key.get_secret_value() if admin_key is not None else None,
+    )
+
+
+def page(handler: Page, *, admin: bool = False) -> Callable[[Request], Awaitable[Response]]:
+    """A page for signed-in users (``admin``: the operator only); a POST must carry the
+    session's CSRF token."""
+
+    async def endpoint(request: Request) -> Response:
+        user = await _sessions(request).resolve(request.cookies.get(COOKIE))
+        if user is None:
+            return RedirectResponse(f"/console/login?next={request.url.path}", status_code=303)
+        if request.method == "POST":
+            form = await request.form()
+            sent = str(form.get("csrf", "")) or request.headers.get("x-csrf-token", "")
+            if not hmac.compare_digest(sent.encode(), user.csrf.encode()):
+                return _render(
+                    request,
+                    user,
+                    "error.html",
+                    {"message": "the form expired: reload the page"},
+                    403,
+                )
+        if admin and not user.is_admin:
+            return _render(
+                request, user, "error.html", {"message": "this page is the operator's"}, 403
+            )
+        return await handler(request, user)
+
+    return endpoint
+
+
+def _render(
+    request: Request, user: User | None, template: str, context: dict[str, Any], status: int = 200
+) -> Response:
+    return TEMPLATES.TemplateResponse(
+        request,
+        template,
+        {"user": user, "chart_js": CHART_JS.exists(), **context},
+        status_code=status,
+    )
+
+
+def _back(url: str) -> RedirectResponse:
+    return RedirectResponse(url, status_code=303)
+
+
+# --- signing in -------------------------------------------------------------------------------
+async def login_form(request: Request) -> Response:
+    token = secrets.token_urlsafe(24)
+    response = _render(request, None, "login.html", {"login_token": token, "next": _next(request)})
+    _cookie(response, LOGIN_COOKIE, token, request, max_age=600)
+    return response
+
+
+async def login(request: Request) -> Response:
+    form = await request.form()
+    token = request.cookies.get(LOGIN_COOKIE, "")
+    if not token or not hmac.compare_digest(
+        str(form.get("login_token", "")).encode(), token.encode()
+    ):
+        return _render(
+            request,
+            None,
+            "login.html",
+            {"error": "the form expired: try again", "login_token": "", "next": "/console"},
+            403,
+        )
+    key = str(form.get("api_key", "")).strip()
+    try:
+        session_token = await _sessions(request).sign_in(key)
+    except CorralError as exc:
+        fresh = secrets.token_urlsafe(24)
+        response = _render(
+            request,
+            None,
+            "login.html",
+            {"error": exc.message, "login_token": fresh, "next": _next(request, form.get("next"))},
+            exc.status,
+        )
+        _cookie(response, LOGIN_COOKIE, fresh, request, max_age=600)
+        return response
+    response = _back(_next(request, form.get("next")))
+    _cookie(response, COOKIE, session_token, request, max_age=int(LIFETIME.total_seconds()))
+    response.delete_cookie(LOGIN_COOKIE, path="/console")
+    return response
+
+
+async def logout(request: Request, user: User) -> Response:
+    await _sessions(request).sign_out(request.cookies.get(COOKIE))
+    response = _back("/console/login")
+    response.delete_cookie(COOKIE, path="/console")
+    return response
+
+
+def _next(request: Request, value: Any = None) -> str:
+    target = str(value if value is not None else request.query_params.get("next", "/console"))
+    # only a page of the console: never another site
+    return target if target.startswith("/console") and "//" not in target else "/console"
+
+
+def _cookie(response: Response, name: str, value: str, request: Request, *, max_age: int) -> None:
+    response.set_cookie(
+        name,
+        value,
+        max_age=max_age,
+        path="/console",
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
+
+
+# --- overview ---------------------------------------------------------------------------------
+async def home(request: Request, user: User) -> Response:
+    live = await overview.snapshot(_services(request), _scope(user))
+    return _render(request, user, "overview.html", {"live": live})
+
+
+async def live(request: Request, user: User) -> Response:
+    """Server-sent events: the overview's figures every ``LIVE_EVERY_S``."""
+    services = _services(request)
+
+    async def events() -> AsyncIterator[str]:
+        ends = time.monotonic() + LIVE_FOR_S
+        yield f"retry: {int(LIVE_EVERY_S * 1000)}\n\n"
+        while time.monotonic() < ends:
+            figures = await overview.snapshot(services, _scope(user))
+            yield f"event: overview\ndata: {json.dumps(figures)}\n\n"
+            await asyncio.sleep(LIVE_EVERY_S)
+
+    return StreamingResponse(
+        events(), media_type="text/event-stream", headers={"Cache-Control": "no-store"}
+    )
+
+
+def _scope(user: User) -> str | None:
+    """The tenant whose rows the user sees (None: the operator, everyone's)."""
+    return None if user.is_admin else user.principal.tenant_id  # type: ignore[union-attr]
+
+
+# --- tenants (the operator) -------------------------------------------------------------------
+async def tenants_page(request: Request, user: User, **context: Any) -> Response:
+    after = request.query_params.get("after")
+    async with _services(request).sessions() as session:
+        rows = await tenant_repo.list_tenants(session, limit=PAGE, after=after)
+    more = rows[-1].id if len(rows) == PAGE else None
+    return _render(request, user, "tenants.html", {"tenants": rows, "more": more, **context})
+
+
+async def create_tenant(request: Request, user: User) -> Response:
+    form = await request.form()
+    try:
+        created = await perform(
+            tenant_routes.create_tenant, request, user, body={"name": str(form.get("name", ""))}
+        )
+    except CorralError as exc:
+        return await tenants_page(request, user, error=exc.message)
+    return await tenant_page(
+        request, user, tenant_id=created["tenant"]["id"], new_key=created["key"]["api_key"]
+    )
+
+
+async def tenant_page(
+    request: Request, user: User, *, tenant_id: str | None = None, **context: Any
+) -> Response:
+    tenant_id = tenant_id or request.path_params["tenant_id"]
+    try:
+        tenant = await perform(
+            tenant_routes.get_tenant, request, user, path={"tenant_id": tenant_id}
+        )
+        listed = await perform(
+            tenant_routes.list_keys, request, user, path={"tenant_id": tenant_id}
+        )
+    except NotFound as exc:
+        return _render(request, user, "error.html", {"message": exc.message}, 404)
+    return _render(
+        request, user, "tenant.html", {"tenant": tenant, "keys": listed["keys"], **context}
+    )
+
+
+async def update_tenant(request: Request, user: User) -> Response:
+    tenant_id = request.path_params["tenant_id"]
+    form = await request.form()
+    body: dict[str, Any] = {}
+    if "disabled" in form:
+        body["disabled"] = form["disabled"] == "true"
+    quota = {k[6:]: v for k, v in form.items() if k.startswith("quota.") and str(v).strip()}
+    if quota:
+        body["quota"] = quota
+    try:
+        await perform(
+            tenant_routes.update_tenant, request, user, path={"tenant_id": tenant_id}, body=body
+        )
+    except CorralError as exc:
+        return await tenant_page(request, user, error=exc.message)
+    return _back(f"/console/tenants/{tenant_id}?saved=1")
+
+
+async def create_key(request: Request, user: User) -> Response:
+    tenant_id = request.path_params["tenant_id"]
+    form = await request.form()
+    try:
+        created = await perform(
+            tenant_routes.create_key,
+            request,
+            user,
+            path={"tenant_id": tenant_id},
+            body={"name": str(form.get("name", ""))},
+        )
+    except CorralError as exc:
+        return await tenant_page(request, user, error=exc.message)
+    return await tenant_page(request, user, new_key=created["api_key"])
+
+
+async def revoke_key(request: Request, user: User) -> Response:
+    path = dict(request.path_params)
+    try:
+        await perform(tenant_routes.revoke_key, request, user, path=path)
+    except CorralError as exc:
+        return await tenant_page(request, user, error=exc.message)
+    return _back(f"/console/tenants/{path['tenant_id']}")
+
+
+# --- running code and the invocations ---------------------------------------------------------
+async def run_form(request: Request, user: User, **context: Any) -> Response:
+    runtimes = await _services(request).catalogue.nodes()
+    languages = sorted(_services(request).catalogue.languages(runtimes))
+    return _render(request, user, "run.html", {"languages": languages, **context})
+
+
+async def run_code(request: Request, user: User) -> Response:
+    form = await request.form()
+    body = {
+        "language": str(form.get("language", "")),
+        "code": str(form.get("code", "")),
+        "stdin": str(form.get("stdin", "")),
+    }
+    try:
+        answer = await perform(run_routes.run, request, user, body=body)
+    except CorralError as exc:
+        return await run_form(request, user, error=exc.message, form=body)
+    return _back(f"/console/invocations/{answer['invocation_id']}")
+
+
+FILTERS = ("status", "language", "kind", "function", "before")
+
+
+async def invocations_page(request: Request, user: User) -> Response:
+    q = request.query_params
+    filters = {k: q.get(k, "") for k in FILTERS}
+    error = None
+    before = None
+    try:
+        if filters["before"]:
+            before = datetime.fromisoformat(filters["before"])
+            before = before if before.tzinfo else before.replace(tzinfo=UTC)
+        after_row = decode_cursor(q["cursor"]) if q.get("cursor") else None
+    except (ValueError, ValidationFailed):
+        error, after_row = "a filter or the page is not valid", None
+    async with _services(request).sessions() as session:
+        rows = await repo.list_for_tenant(
+            session,
+            tenant_id=_scope(user),
+            limit=PAGE,
+            status=filters["status"] or None,
+            kind=filters["kind"] or None,
+            language=filters["language"] or None,
+            function_version_id=filters["function"] or None,
+            before=before,
+            after_row=after_row,
+        )
+    older = None
+    if len(rows) == PAGE:
+        kept = {k: v for k, v in filters.items() if v}
+        older = "/console/invocations?" + urlencode({**kept, "cursor": encode_cursor(rows[-1])})
+    return _render(
+        request,
+        user,
+        "invocations.html",
+        {"rows": rows, "filters": filters, "older": older, "error": error},
+    )
+
+
+async def invocation_page(request: Request, user: User) -> Response:
+    sessions = _services(request).sessions
+    try:
+        async with sessions() as session:
+            row = await repo.get(
+                session, tenant_id=_scope(user), invocation_id=request.path_params["invocation_id"]
+            )
+    except NotFound as exc:
+        return _render(request, user, "error.html", {"message": exc.message}, 404)
+    shown = invocation_out(row, await projection.load(sessions, row)).model_dump(mode="json")
+    request_fields = row.request or {}
+    return _render(
+        request,
+        user,
+        "invocation.html",
+        {
+            "inv": shown,
+            "row": row,
+            "code": request_fields.get("code", ""),
+            "stdin": request_fields.get("stdin", ""),
+        },
+    )
+
+
+# --- usage and cost ---------------------------------------------------------------------------
+async def usage_page(request: Request, user: User) -> Response:
+    params = {k: v for k, v in request.query_params.items() if v and k != "format"}
+    params.setdefault("group_by", "day,kind" if not user.is_admin else "day,tenant")
+    try:
+        query = UsageQuery.model_validate(params)
+    except ValidationError as exc:
+        return _render(request, user, "error.html", {"message": str(exc.errors()[0]["msg"])}, 422)
+    end = query.end or datetime.now(UTC)
+    start = query.start or end - timedelta(days=7)
+    tenant_id = query.tenant if user.is_admin else _scope(user)
+    prices = _services(request).settings.prices
+    async with _services(request).sessions() as session:
+        lines = await usage_report.report(
+            session, start=start, end=end, group_by=query.groups, prices=prices, tenant_id=tenant_id
+        )
+    rows = [as_row(line) for line in lines]
+    return _render(
+        request,
+        user,
+        "usage.html",
+        {
+            "rows": rows,
+            "groups": query.groups,
+            "group_by": query.group_by,
+            "start": start,
+            "end": end,
+            "currency": prices.currency,
+            "chart": _chart(rows, query.groups),
+            "csv": f"/v1/usage?{request.url.query}&format=csv"
+            if request.url.query
+            else "/v1/usage?format=csv",
+        },
+    )
+
+
+def _chart(rows: list[dict[str, Any]], groups: Sequence[str]) -> dict[str, Any] | None:
+    """Cost over time, one series per value of the other grouping: what the page draws."""
+    axis = next((g for g in groups if g in ("day", "hour")), None)
+    if axis is None:
+        return None
+    other = next((g for g in groups if g != axis), None)
+    labels = sorted({r[axis] for r in rows})
+    series: dict[str, dict[str, float]] = {}
+    for r in rows:
+        name = r[other] if other else "cost"
+        series.setdefault(name or "-", {})[r[axis]] = (
+            series.get(name or "-", {}).get(r[axis], 0.0) + r["cost"]
+        )
+    return {
+        "labels": labels,
+        "series": [
+            {"name": name, "values": [round(points.get(x, 0.0), 6) for x in labels]}
+            for name, points in sorted(series.items())
+        ],
+    }
+
+
+def routes() -> list[BaseRoute]:
+    return [
+        Route("/console/login", login_form, methods=["GET"]),
+        Route("/console/login", login, methods=["POST"]),
+        Route("/console/logout", page(logout), methods=["POST"]),
+        Route("/console", page(home), methods=["GET"]),
+        Route("/console/live", page(live), methods=["GET"]),
+        Route("/console/tenants", page(tenants_page, admin=True), methods=["GET"]),
+        Route("/console/tenants", page(create_tenant, admin=True), methods=["POST"]),
+        Route("/console/tenants/{tenant_id}", page(tenant_page, admin=True), methods=["GET"]),
+        Route("/console/tenants/{tenant_id}", page(update_tenant, admin=True), methods=["POST"]),
+        Route("/console/tenants/{tenant_id}/keys", page(create_key, admin=True), methods=["POST"]),
+        Route(
+            "/console/tenants/{tenant_id}/keys/{key_id}/revoke",
+            page(revoke_key, admin=True),
+            methods=["POST"],
+        ),
+        Route("/console/run", page(run_form), methods=["GET"]),
+        Route("/console/run", page(run_code), methods=["POST"]),
+        Route("/console/invocations", page(invocations_page), methods=["GET"]),
+        Route("/console/invocations/{invocation_id}", page(invocation_page), methods=["GET"]),
+        Route("/console/usage", page(usage_page), methods=["GET"]),
+        Mount("/console/static", StaticFiles(directory=HERE / "static"), name="console-static"),
+    ]

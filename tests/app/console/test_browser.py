@@ -1,0 +1,140 @@
+"""The console in a real browser: Debian's chromium, headless, driven by Playwright,
+against a real server (uvicorn, embedded stack, fake runtime). Each step is what an
+operator or a tenant does by hand; screenshots of each page are taken (into
+``CORRAL_TEST_SCREENSHOTS`` when set, e.g. ``docs/console``; else a temporary dir)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import ADMIN_KEY
+from tests.requirements import require_tool
+from tests.test_cli import server_url
+
+__all__ = ["server_url"]
+
+pytestmark = pytest.mark.browser
+
+WIDE = {"width": 1280, "height": 900}
+NARROW = {"width": 390, "height": 844}  # a phone
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    target = Path(os.environ.get("CORRAL_TEST_SCREENSHOTS") or tmp_path)
+    target.mkdir(parents=True, exist_ok=True)
+    return target
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    chromium = require_tool("chromium", "scripts/setup-console.sh --browser")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@pytest.fixture
+def wide(browser: Any, server_url: str) -> Iterator[Any]:
+    """A page in a desktop-sized window, closed before the server stops (a live stream
+    open would hold the server's shutdown)."""
+    context = browser.new_context(viewport=WIDE)
+    try:
+        yield context.new_page()
+    finally:
+        context.close()
+
+
+@pytest.fixture
+def phone(browser: Any, server_url: str) -> Iterator[Any]:
+    context = browser.new_context(viewport=NARROW)
+    try:
+        yield context.new_page()
+    finally:
+        context.close()
+
+
+def sign_in(page: Any, url: str, key: str) -> None:
+    page.goto(f"{url}/console")
+    assert "/console/login" in page.url  # not signed in yet
+    page.fill("input[name=api_key]", key)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{url}/console")
+
+
+def test_an_operator_and_a_tenant_at_work(wide: Any, server_url: str, shots: Path) -> None:
+    url, page = server_url, wide
+    sign_in(page, url, ADMIN_KEY)
+    # the key is not kept anywhere the page's scripts can read
+    assert page.evaluate("document.cookie") == ""
+    assert ADMIN_KEY not in json.dumps(page.evaluate("Object.entries(localStorage)"))
+    page.screenshot(path=shots / "overview.png", full_page=True)
+
+    # the operator creates a tenant and changes a quota
+    page.click("text=Tenants")
+    page.fill("input[name=name]", "browser-team")
+    page.click("text=Create")
+    key = page.inner_text("#new-key").strip()
+    assert re.fullmatch(r"crl_key_[0-9a-f]{20}_[A-Za-z0-9_-]{43}", key), key
+    page.fill("input[name='quota.max_concurrent_executions']", "12")
+    page.click("text=Save quotas")
+    page.wait_for_selector("text=Saved.")
+    assert page.input_value("input[name='quota.max_concurrent_executions']") == "12"
+    page.screenshot(path=shots / "tenant.png", full_page=True)
+    page.click("text=Sign out")
+    page.wait_for_url(re.compile(r".*/console/login.*"))
+
+    # the tenant runs code and finds it in its invocations
+    sign_in(page, url, key)
+    page.click("text=Run")
+    page.select_option("select[name=language]", "fake")
+    page.fill(
+        "textarea[name=code]", json.dumps({"stdout": "hello from the browser", "cpu_ms": 1500})
+    )
+    page.click("button:has-text('Run')")
+    page.wait_for_selector("#run-stdout")
+    assert page.inner_text("#run-stdout") == "hello from the browser"
+    assert page.inner_text("#status") == "succeeded"
+    invocation_id = page.url.rsplit("/", 1)[1]
+    page.screenshot(path=shots / "invocation.png", full_page=True)
+    page.click("text=Invocations")
+    assert invocation_id in page.inner_text("#invocations")
+    page.click(f"text={invocation_id}")
+    page.wait_for_url(f"{url}/console/invocations/{invocation_id}")
+
+    # the cost chart is drawn from the usage API's figures
+    api = httpx.get(
+        f"{url}/v1/usage",
+        params={"group_by": "day,kind", "start": "2000-01-01T00:00:00Z"},
+        headers={"Authorization": f"Bearer {key}"},
+    ).json()
+    page.click("text=Usage")
+    page.wait_for_selector("#cost-chart[data-drawn=true]")
+    assert f"{api['rows'][0]['cost']:.6f}" in page.inner_text("#usage")
+    drawn = page.evaluate("Chart.getChart('cost-chart').data.datasets[0].data")
+    assert drawn == [round(api["rows"][0]["cost"], 6)]
+    page.screenshot(path=shots / "usage.png", full_page=True)
+
+
+def test_the_overview_updates_live_and_fits_a_phone(
+    phone: Any, server_url: str, shots: Path
+) -> None:
+    page = phone
+    sign_in(page, server_url, ADMIN_KEY)
+    page.wait_for_selector("#live[data-updated]", timeout=10_000)  # a server-sent event arrived
+    width = page.evaluate("document.documentElement.scrollWidth")
+    assert width <= NARROW["width"], "the page scrolls sideways on a phone"
+    page.screenshot(path=shots / "overview-phone.png", full_page=True)
