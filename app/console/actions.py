@@ -5,6 +5,7 @@ its own handler does the work, as the signed-in user, and the same authorisation
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlencode
 
 from pydantic import BaseModel
 from starlette.requests import Request
@@ -26,6 +27,7 @@ async def perform(
     *,
     path: dict[str, str] | None = None,
     body: dict[str, Any] | None = None,
+    query: dict[str, str] | None = None,
 ) -> Any:
     """Run ``endpoint``'s handler as ``user`` with ``path`` and ``body``; its result.
     Raises the API's errors (``CorralError``), which the page shows."""
@@ -33,8 +35,14 @@ async def perform(
         raise AdminRequired()
     if endpoint.auth in ("tenant", "tenant_or_default") and isinstance(user.principal, Admin):
         raise TenantRequired()
-    scope = {**request.scope, "path_params": dict(path or {})}
+    scope = {
+        **request.scope,
+        "path_params": dict(path or {}),
+        "query_string": urlencode(query or {}).encode(),
+    }
     call = Call(request=Request(scope, request.receive), principal=user.principal)
+    if endpoint.query is not None:
+        call.query = validate(endpoint.query, dict(query or {}), where="query")
     if endpoint.body is not None:
         call.body = validate(endpoint.body, body or {}, where="body")
     result = await endpoint.handler(call)

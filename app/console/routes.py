@@ -12,7 +12,6 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -21,10 +20,11 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.templating import Jinja2Templates
 
 from app.console import overview
+from app.console import sandboxes as sandbox_pages
 from app.console.actions import perform
+from app.console.render import HERE, render, services_of
 from app.console.sessions import COOKIE, LIFETIME, ConsoleSessions, User
 from app.db import invocations as repo
 from app.db import tenants as tenant_repo
@@ -35,16 +35,11 @@ from app.routes import run as run_routes
 from app.routes import tenants as tenant_routes
 from app.routes.present import invocation_out
 from app.schemas.usage import UsageQuery
-from app.services import Services
 from app.usage import report as usage_report
 from app.usage.report import as_row
 
 log = logging.getLogger(__name__)
 
-HERE = Path(__file__).parent
-TEMPLATES = Jinja2Templates(directory=HERE / "templates")
-#: the chart library, installed from npm by scripts/setup-console.sh
-CHART_JS = HERE / "static" / "vendor" / "chart.js" / "dist" / "chart.umd.js"
 LOGIN_COOKIE = "corral_console_login"
 PAGE = 50
 #: how often the live overview is sent
@@ -57,13 +52,8 @@ LIVE_FOR_S = 60.0
 Page = Callable[[Request, User], Awaitable[Response]]
 
 
-def _services(request: Request) -> Services:
-    services: Services = request.app.state.services
-    return services
-
-
 def _sessions(request: Request) -> ConsoleSessions:
-    services = _services(request)
+    services = services_of(request)
     admin_key = services.settings.admin_key
     return ConsoleSessions(
         services.sessions,
@@ -84,7 +74,7 @@ def page(handler: Page, *, admin: bool = False) -> Callable[[Request], Awaitable
             form = await request.form()
             sent = str(form.get("csrf", "")) or request.headers.get("x-csrf-token", "")
             if not hmac.compare_digest(sent.encode(), user.csrf.encode()):
-                return _render(
+                return render(
                     request,
                     user,
                     "error.html",
@@ -92,23 +82,12 @@ def page(handler: Page, *, admin: bool = False) -> Callable[[Request], Awaitable
                     403,
                 )
         if admin and not user.is_admin:
-            return _render(
+            return render(
                 request, user, "error.html", {"message": "this page is the operator's"}, 403
             )
         return await handler(request, user)
 
     return endpoint
-
-
-def _render(
-    request: Request, user: User | None, template: str, context: dict[str, Any], status: int = 200
-) -> Response:
-    return TEMPLATES.TemplateResponse(
-        request,
-        template,
-        {"user": user, "chart_js": CHART_JS.exists(), **context},
-        status_code=status,
-    )
 
 
 def _back(url: str) -> RedirectResponse:
@@ -118,7 +97,7 @@ def _back(url: str) -> RedirectResponse:
 # --- signing in -------------------------------------------------------------------------------
 async def login_form(request: Request) -> Response:
     token = secrets.token_urlsafe(24)
-    response = _render(request, None, "login.html", {"login_token": token, "next": _next(request)})
+    response = render(request, None, "login.html", {"login_token": token, "next": _next(request)})
     _cookie(response, LOGIN_COOKIE, token, request, max_age=600)
     return response
 
@@ -129,7 +108,7 @@ async def login(request: Request) -> Response:
     if not token or not hmac.compare_digest(
         str(form.get("login_token", "")).encode(), token.encode()
     ):
-        return _render(
+        return render(
             request,
             None,
             "login.html",
@@ -141,7 +120,7 @@ async def login(request: Request) -> Response:
         session_token = await _sessions(request).sign_in(key)
     except CorralError as exc:
         fresh = secrets.token_urlsafe(24)
-        response = _render(
+        response = render(
             request,
             None,
             "login.html",
@@ -183,13 +162,13 @@ def _cookie(response: Response, name: str, value: str, request: Request, *, max_
 
 # --- overview ---------------------------------------------------------------------------------
 async def home(request: Request, user: User) -> Response:
-    live = await overview.snapshot(_services(request), _scope(user))
-    return _render(request, user, "overview.html", {"live": live})
+    live = await overview.snapshot(services_of(request), _scope(user))
+    return render(request, user, "overview.html", {"live": live})
 
 
 async def live(request: Request, user: User) -> Response:
     """Server-sent events: the overview's figures every ``LIVE_EVERY_S``."""
-    services = _services(request)
+    services = services_of(request)
 
     async def events() -> AsyncIterator[str]:
         ends = time.monotonic() + LIVE_FOR_S
@@ -212,10 +191,10 @@ def _scope(user: User) -> str | None:
 # --- tenants (the operator) -------------------------------------------------------------------
 async def tenants_page(request: Request, user: User, **context: Any) -> Response:
     after = request.query_params.get("after")
-    async with _services(request).sessions() as session:
+    async with services_of(request).sessions() as session:
         rows = await tenant_repo.list_tenants(session, limit=PAGE, after=after)
     more = rows[-1].id if len(rows) == PAGE else None
-    return _render(request, user, "tenants.html", {"tenants": rows, "more": more, **context})
+    return render(request, user, "tenants.html", {"tenants": rows, "more": more, **context})
 
 
 async def create_tenant(request: Request, user: User) -> Response:
@@ -243,8 +222,8 @@ async def tenant_page(
             tenant_routes.list_keys, request, user, path={"tenant_id": tenant_id}
         )
     except NotFound as exc:
-        return _render(request, user, "error.html", {"message": exc.message}, 404)
-    return _render(
+        return render(request, user, "error.html", {"message": exc.message}, 404)
+    return render(
         request, user, "tenant.html", {"tenant": tenant, "keys": listed["keys"], **context}
     )
 
@@ -294,9 +273,9 @@ async def revoke_key(request: Request, user: User) -> Response:
 
 # --- running code and the invocations ---------------------------------------------------------
 async def run_form(request: Request, user: User, **context: Any) -> Response:
-    runtimes = await _services(request).catalogue.nodes()
-    languages = sorted(_services(request).catalogue.languages(runtimes))
-    return _render(request, user, "run.html", {"languages": languages, **context})
+    runtimes = await services_of(request).catalogue.nodes()
+    languages = sorted(services_of(request).catalogue.languages(runtimes))
+    return render(request, user, "run.html", {"languages": languages, **context})
 
 
 async def run_code(request: Request, user: User) -> Response:
@@ -328,7 +307,7 @@ async def invocations_page(request: Request, user: User) -> Response:
         after_row = decode_cursor(q["cursor"]) if q.get("cursor") else None
     except (ValueError, ValidationFailed):
         error, after_row = "a filter or the page is not valid", None
-    async with _services(request).sessions() as session:
+    async with services_of(request).sessions() as session:
         rows = await repo.list_for_tenant(
             session,
             tenant_id=_scope(user),
@@ -344,7 +323,7 @@ async def invocations_page(request: Request, user: User) -> Response:
     if len(rows) == PAGE:
         kept = {k: v for k, v in filters.items() if v}
         older = "/console/invocations?" + urlencode({**kept, "cursor": encode_cursor(rows[-1])})
-    return _render(
+    return render(
         request,
         user,
         "invocations.html",
@@ -353,17 +332,17 @@ async def invocations_page(request: Request, user: User) -> Response:
 
 
 async def invocation_page(request: Request, user: User) -> Response:
-    sessions = _services(request).sessions
+    sessions = services_of(request).sessions
     try:
         async with sessions() as session:
             row = await repo.get(
                 session, tenant_id=_scope(user), invocation_id=request.path_params["invocation_id"]
             )
     except NotFound as exc:
-        return _render(request, user, "error.html", {"message": exc.message}, 404)
+        return render(request, user, "error.html", {"message": exc.message}, 404)
     shown = invocation_out(row, await projection.load(sessions, row)).model_dump(mode="json")
     request_fields = row.request or {}
-    return _render(
+    return render(
         request,
         user,
         "invocation.html",
@@ -383,17 +362,17 @@ async def usage_page(request: Request, user: User) -> Response:
     try:
         query = UsageQuery.model_validate(params)
     except ValidationError as exc:
-        return _render(request, user, "error.html", {"message": str(exc.errors()[0]["msg"])}, 422)
+        return render(request, user, "error.html", {"message": str(exc.errors()[0]["msg"])}, 422)
     end = query.end or datetime.now(UTC)
     start = query.start or end - timedelta(days=7)
     tenant_id = query.tenant if user.is_admin else _scope(user)
-    prices = _services(request).settings.prices
-    async with _services(request).sessions() as session:
+    prices = services_of(request).settings.prices
+    async with services_of(request).sessions() as session:
         lines = await usage_report.report(
             session, start=start, end=end, group_by=query.groups, prices=prices, tenant_id=tenant_id
         )
     rows = [as_row(line) for line in lines]
-    return _render(
+    return render(
         request,
         user,
         "usage.html",
@@ -456,5 +435,21 @@ def routes() -> list[BaseRoute]:
         Route("/console/invocations", page(invocations_page), methods=["GET"]),
         Route("/console/invocations/{invocation_id}", page(invocation_page), methods=["GET"]),
         Route("/console/usage", page(usage_page), methods=["GET"]),
+        Route("/console/sandboxes", page(sandbox_pages.list_page), methods=["GET"]),
+        Route("/console/sandboxes", page(sandbox_pages.create), methods=["POST"]),
+        Route("/console/sandboxes/{sandbox_id}", page(sandbox_pages.detail), methods=["GET"]),
+        Route(
+            "/console/sandboxes/{sandbox_id}/exec",
+            page(sandbox_pages.run_command),
+            methods=["POST"],
+        ),
+        *(
+            Route(
+                f"/console/sandboxes/{{sandbox_id}}/{name}",
+                page(sandbox_pages.action(name)),
+                methods=["POST"],
+            )
+            for name in ("pause", "resume", "kill")
+        ),
         Mount("/console/static", StaticFiles(directory=HERE / "static"), name="console-static"),
     ]

@@ -64,7 +64,9 @@ async def running_node(
     artifacts = Artifacts(fetch_artifact)
     for backend in backends.values():
         backend.artifacts = artifacts
-    agent = NodeAgent(settings, transport, backends, metrics=metrics)
+    agent = NodeAgent(
+        settings, transport, backends, metrics=metrics, usage_period_s=settings.usage_report_seconds
+    )
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(agent.close)  # also releases backends after a failed start
         routes: Sequence[BaseRoute] = ()

@@ -68,6 +68,12 @@ class NodeSettings(BaseSettings):
         default_factory=lambda: ["nsjail", "wasm"], description="Backends this node starts."
     )
     heartbeat_seconds: float = Field(1.0, gt=0, description="How often the node reports.")
+    usage_report_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="How often the node reports the idle capacity its warm pools held "
+        "(one usage event per pool and period, the platform's cost).",
+    )
     node_dead_after_seconds: float = Field(
         6.0, gt=0, description="A node silent this long is dead; its work is handed out again."
     )

@@ -56,9 +56,11 @@ class NsjailConfig(BaseModel):
     )
     max_warm_per_key: int = Field(
         4,
-        ge=1,
+        ge=0,
         description="Ceiling on the target of one pool key: the spares of a language, or "
-        "one tenant's jails of a language",
+        "one tenant's jails of a language (0, with warm_per_language 0 and "
+        "max_uses_per_jail 1: no warm jail, every call starts its own: the cold baseline "
+        "of bench/cost.py)",
     )
     warm_headroom: float = Field(
         0.5,

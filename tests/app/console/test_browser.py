@@ -8,18 +8,16 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.app.routes.test_sandboxes import add_busybox
 from tests.conftest import ADMIN_KEY
 from tests.requirements import require_tool
-from tests.test_cli import server_url
-
-__all__ = ["server_url"]
 
 pytestmark = pytest.mark.browser
 
@@ -45,6 +43,13 @@ def browser() -> Iterator[Any]:
             yield launched
         finally:
             launched.close()
+
+
+@pytest.fixture
+def server_url(live_server: Callable[..., str], tmp_path: Path) -> str:
+    """A real server (uvicorn, embedded stack, the fake runtime and sandbox backend)."""
+    add_busybox(tmp_path / "data" / "images", "python")
+    return live_server(sandbox_backends=["fake"])
 
 
 @pytest.fixture
@@ -127,6 +132,24 @@ def test_an_operator_and_a_tenant_at_work(wide: Any, server_url: str, shots: Pat
     drawn = page.evaluate("Chart.getChart('cost-chart').data.datasets[0].data")
     assert drawn == [round(api["rows"][0]["cost"], 6)]
     page.screenshot(path=shots / "usage.png", full_page=True)
+
+    # the tenant opens a sandbox, runs a command in it, pauses, resumes and kills it
+    page.click("text=Sandboxes")
+    page.fill("input[name=backend]", "fake")
+    page.click("button:has-text('Create')")
+    page.wait_for_url(re.compile(r".*/console/sandboxes/sbx_.*"))
+    assert page.inner_text("#state") == "running"
+    page.fill("input[name=command]", "echo hello from a sandbox")
+    page.click("form[action$='/exec'] button")
+    page.wait_for_selector("#exec-stdout")
+    assert page.inner_text("#exec-stdout") == "hello from a sandbox\n"
+    page.screenshot(path=shots / "sandbox.png", full_page=True)
+    page.click("button:has-text('Pause')")
+    page.wait_for_selector("#state:has-text('paused')")
+    page.click("button:has-text('Resume')")
+    page.wait_for_selector("#state:has-text('running')")
+    page.click("button:has-text('Kill')")
+    page.wait_for_selector("#state:has-text('stopped')")
 
 
 def test_the_overview_updates_live_and_fits_a_phone(

@@ -7,11 +7,15 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from typing import Any
 
 from starlette.testclient import TestClient
 
 from tests.app.routes.test_invocations import Tenant, run
+from tests.app.routes.test_sandboxes import sandbox_client, sandbox_settings, tenant
 from tests.conftest import ADMIN_KEY
+
+__all__ = ["sandbox_client", "sandbox_settings", "tenant"]
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
@@ -162,3 +166,49 @@ def test_a_next_page_elsewhere_is_not_followed(client: TestClient) -> None:
         follow_redirects=False,
     )
     assert answer.headers["location"] == "/console"
+
+
+def test_a_tenant_works_in_a_sandbox_and_the_operator_only_looks(
+    sandbox_client: TestClient, tenant: dict[str, Any]
+) -> None:
+    client = sandbox_client
+    key = tenant["headers"]["Authorization"].removeprefix("Bearer ")
+    csrf = sign_in(client, key)
+    made = client.post(
+        "/console/sandboxes",
+        data={"csrf": csrf, "image": "python", "backend": "fake", "memory_mb": "256"},
+    )
+    assert made.status_code == 200, made.text
+    sandbox_id = re.search(r"Sandbox <code>(sbx_[^<]+)</code>", made.text).group(1)  # type: ignore[union-attr]
+    ran = client.post(
+        f"/console/sandboxes/{sandbox_id}/exec", data={"csrf": csrf, "command": "echo 'two words'"}
+    )
+    assert '<pre id="exec-stdout">two words\n</pre>' in ran.text
+    unparsable = client.post(
+        f"/console/sandboxes/{sandbox_id}/exec", data={"csrf": csrf, "command": "echo 'open"}
+    )
+    assert "cannot be parsed" in unparsable.text
+    forged = client.post(f"/console/sandboxes/{sandbox_id}/kill", data={"csrf": "nope"})
+    assert forged.status_code == 403
+    paused = client.post(f"/console/sandboxes/{sandbox_id}/pause", data={"csrf": csrf})
+    assert '<dd id="state">paused</dd>' in paused.text
+    refused = client.post(
+        f"/console/sandboxes/{sandbox_id}/exec", data={"csrf": csrf, "command": "echo no"}
+    )
+    assert refused.status_code == 200 and "exec-stdout" not in refused.text
+    listed = client.get("/console/sandboxes")
+    assert sandbox_id in listed.text
+
+    client.cookies.clear()
+    admin_csrf = sign_in(client, ADMIN_KEY)
+    seen = client.get("/console/sandboxes")
+    assert sandbox_id in seen.text and tenant["id"] in seen.text
+    detail = client.get(f"/console/sandboxes/{sandbox_id}")
+    assert detail.status_code == 200 and "Run a command" not in detail.text
+    acted = client.post(f"/console/sandboxes/{sandbox_id}/kill", data={"csrf": admin_csrf})
+    assert acted.status_code == 200 and "tenant" in acted.text  # the tenant's to do
+
+    client.cookies.clear()
+    csrf = sign_in(client, key)  # a new session, a new CSRF token
+    killed = client.post(f"/console/sandboxes/{sandbox_id}/kill", data={"csrf": csrf})
+    assert '<dd id="state">stopped</dd>' in killed.text

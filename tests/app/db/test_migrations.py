@@ -79,6 +79,7 @@ def test_models_define_the_expected_tables() -> None:
         "usage_rollups",
         "blobs",
         "snapshots",
+        "console_sessions",
     }
     assert expected == MODEL_TABLES
 
