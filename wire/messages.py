@@ -125,6 +125,7 @@ class PoolUsage(_Message):
     idle_memory_mb_seconds: float
     starts: int = 0  #: workers started in the period
     cold_starts: int = 0  #: of which a caller waited for
+    start_cpu_ms: float = 0.0  #: CPU time those starts used (the platform's)
 
 
 NodeEvent = Annotated[PoolUsage, Field(discriminator="type")]

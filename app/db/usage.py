@@ -85,7 +85,14 @@ _FROM_ROWS = insert(_EVENTS).from_select(
         _INV.c.status,
         *(func.coalesce(_INV.c[name], 0.0) for name in COSTS),
         _INV.c.peak_memory_kb,
-        literal(0.0),
+        # the instance (a jail, a wasm instance) the call held: from its setup to its
+        # teardown, so a call that started its own jail pays for that start
+        (
+            func.coalesce(_INV.c.setup_ms, 0.0)
+            + func.coalesce(_INV.c.exec_ms, 0.0)
+            + func.coalesce(_INV.c.teardown_ms, 0.0)
+        )
+        / 1000.0,
         # the call's memory held for its run: its peak, for as long as it ran
         func.coalesce(_INV.c.peak_memory_kb, 0)
         / 1024.0
@@ -123,6 +130,7 @@ async def record_pool_usage(session: AsyncSession, events: Sequence[PoolUsage]) 
                 "runtime": e.pool.split("/", 1)[0],
                 "node_id": e.node_id,
                 **dict.fromkeys(COSTS, 0.0),
+                "cpu_ms": e.start_cpu_ms,  # starting workers, a caller waiting or not
                 "instance_seconds": e.idle_instance_seconds,
                 "memory_mb_seconds": e.idle_memory_mb_seconds,
                 **dict.fromkeys(COUNTS, 0),

@@ -4,8 +4,9 @@ The defaults are illustrative figures of the order of public clouds' on-demand p
 in US dollars; an operator sets its own. A price applies to what the usage events
 measure: CPU-seconds, GB-seconds of memory (a call's peak for its run; a sandbox's or
 an idle warm worker's reservation for its life), instance-hours by backend (a sandbox
-alive, paused included; a warm worker held idle) and bytes transferred (into a call
-and out of it).
+alive, paused included; the jail or wasm instance a call held from its setup to its
+teardown, so a call that had to start its own jail pays for the start; a warm worker
+held idle) and bytes transferred (into a call and out of it).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ class Prices(BaseModel):
     cpu_second: float = Field(0.0000125, ge=0, description="per CPU-second")
     gb_second: float = Field(0.0000015, ge=0, description="per GB-second of memory")
     instance_hour: dict[str, float] = Field(
-        default_factory=lambda: {"crun": 0.005, "qemu": 0.01},
-        description="per hour of a sandbox or an idle warm worker, by backend",
+        default_factory=lambda: {"crun": 0.005, "qemu": 0.01, "nsjail": 0.002, "wasm": 0.0005},
+        description="per hour of an instance held, by backend: a sandbox alive, a jail or "
+        "wasm instance from a call's setup to its teardown, an idle warm worker",
     )
     default_instance_hour: float = Field(0.0, ge=0, description="for a backend not listed")
     gb_transferred: float = Field(0.02, ge=0, description="per GB into or out of a call")

@@ -248,6 +248,7 @@ class NodeAgent:
                         idle_memory_mb_seconds=idle.memory_mb_seconds,
                         starts=idle.starts,
                         cold_starts=idle.cold_starts,
+                        start_cpu_ms=idle.start_cpu_ms,
                     )
                 )
 

@@ -78,6 +78,7 @@ class Jail:
         #: memory the jail held when it became ready (its cgroup's usage, else the
         #: zygote's address space): what a warm, idle jail costs
         self.ready_memory_bytes = 0
+        self.start_cpu_ms = 0.0  #: the jail's CPU until ready (nsjail's set-up, PID 1's)
         self.cgroup: JailCgroup | None = None
         self._command = command
         self._cgroups = cgroups
@@ -179,6 +180,8 @@ class Jail:
             self._attach_zygote()
             used = self.cgroup.memory_bytes() if self.cgroup is not None else None
             self.ready_memory_bytes = used if used is not None else self.vm_bytes
+            cpu_ns = self.cgroup.cpu_usage_ns() if self.cgroup is not None else None
+            self.start_cpu_ms = cpu_ns / 1e6 if cpu_ns is not None else 0.0
         except BaseException as exc:
             await self.kill()
             if isinstance(exc, JailError | TimeoutError | CgroupError | OSError):

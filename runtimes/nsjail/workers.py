@@ -67,6 +67,9 @@ class JailWorkers(WorkerFactory[Jail]):
     def memory_mb(self, worker: Jail) -> float:
         return worker.ready_memory_bytes / MIB
 
+    def start_cpu_ms(self, worker: Jail) -> float:
+        return worker.start_cpu_ms
+
     def adopt(self, worker: Jail, key: str) -> None:
         """Bind a spare jail to the tenant of ``key``, for the rest of its life."""
         language, tenant = parse_key(key)

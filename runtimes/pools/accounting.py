@@ -21,12 +21,14 @@ class IdleCapacity:
     memory_mb_seconds: float = 0.0
     starts: int = 0  #: workers started
     cold_starts: int = 0  #: of which a caller waited for
+    start_cpu_ms: float = 0.0  #: CPU time those starts used
 
     def __iadd__(self, other: IdleCapacity) -> IdleCapacity:
         self.instance_seconds += other.instance_seconds
         self.memory_mb_seconds += other.memory_mb_seconds
         self.starts += other.starts
         self.cold_starts += other.cold_starts
+        self.start_cpu_ms += other.start_cpu_ms
         return self
 
 
@@ -44,9 +46,10 @@ class IdleMeter:
         self._accrue()
         self._idle, self._memory_mb = idle, memory_mb
 
-    def started(self, *, cold: bool) -> None:
+    def started(self, *, cold: bool, cpu_ms: float = 0.0) -> None:
         self._acc.starts += 1
         self._acc.cold_starts += int(cold)
+        self._acc.start_cpu_ms += cpu_ms
 
     def take(self) -> IdleCapacity:
         self._accrue()

@@ -47,11 +47,13 @@ class FakeFactory(WorkerFactory[FakeWorker]):
         memory_mb: float = 10.0,
         clock: ManualClock | None = None,
         start_s: float = 0.0,
+        start_cpu_ms: float = 0.0,
     ) -> None:
         self.one_shot = one_shot
         self.memory = memory_mb
         self.clock = clock
         self.start_s = start_s
+        self.start_cpu = start_cpu_ms
         self.gate = asyncio.Event()
         self.gate.set()
         self.fail_with: BaseException | None = None
@@ -88,6 +90,9 @@ class FakeFactory(WorkerFactory[FakeWorker]):
 
     def memory_mb(self, worker: FakeWorker) -> float:
         return worker.memory
+
+    def start_cpu_ms(self, worker: FakeWorker) -> float:
+        return self.start_cpu
 
     def adopt(self, worker: FakeWorker, key: str) -> None:
         worker.key = key

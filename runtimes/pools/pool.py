@@ -549,7 +549,7 @@ class Pool[W: Worker]:
         entry = Entry(worker, key, started_at=now)
         self._entries[worker] = entry
         cold = self._deliver(entry, now)
-        state.meter.started(cold=cold)
+        state.meter.started(cold=cold, cpu_ms=self._factory.start_cpu_ms(worker))
         logger.debug(
             "pool %s: %s ready in %.0f ms%s", key, worker.id, elapsed * 1000, " (cold)" * cold
         )

@@ -58,6 +58,10 @@ class WorkerFactory[W: Worker](ABC):
         """Memory ``worker`` holds while it waits idle (for the idle-capacity account)."""
         return 0.0
 
+    def start_cpu_ms(self, worker: W) -> float:
+        """CPU time starting ``worker`` used (for the capacity account); 0 if unknown."""
+        return 0.0
+
     def adopt(self, worker: W, key: str) -> None:
         """Move a spare ``worker`` into the more specific ``key`` for good (e.g. bind it to
         a tenant). Only called for the spare key an acquire names."""

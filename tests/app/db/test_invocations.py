@@ -193,6 +193,7 @@ async def test_usage_events_are_copied_from_the_stored_row_and_rolled_up_once(
         idle_instance_seconds=120.0,
         idle_memory_mb_seconds=1200.0,
         starts=3,
+        start_cpu_ms=90.0,
     )
     async with sessions.begin() as session:
         await usage.record_pool_usage(session, [pool])
@@ -204,6 +205,10 @@ async def test_usage_events_are_copied_from_the_stored_row_and_rolled_up_once(
         ("pool", None, None),
     ]
     assert stored[0].cpu_ms == 7.0 and stored[0].exec_ms == 3.0 and stored[0].node_id == "node-c1"
+    # the call held its instance from its setup to its teardown
+    held_ms = stored[0].setup_ms + stored[0].exec_ms + stored[0].teardown_ms
+    assert stored[0].instance_seconds == pytest.approx(held_ms / 1000) and held_ms >= 3.0
+    assert stored[1].cpu_ms == 90.0  # the platform's CPU to start workers
     async with sessions.begin() as session:
         assert await usage.cpu_seconds(session, tenant_id=tenant_id, day=NOW.date()) == 0.007
         assert await usage.roll_up(session) == 2
@@ -216,6 +221,7 @@ async def test_usage_events_are_copied_from_the_stored_row_and_rolled_up_once(
         (tenant_id, "run", 1),
     ]
     assert rollups[0].instance_seconds == 120.0 and rollups[1].cpu_ms == 7.0
+    assert rollups[0].cpu_ms == 90.0
 
 
 async def test_open_rows_and_their_jobs_for_the_reconciler(

@@ -54,6 +54,9 @@ def test_a_tenants_calls_are_counted_and_priced(
     prices = client.app.state.services.settings.prices  # type: ignore[attr-defined]
     assert row["cost_cpu"] == pytest.approx(7.0 * prices.cpu_second)
     transfer = (row["bytes_in"] + row["bytes_out"]) / 1e9 * prices.gb_transferred
+    # each call held its instance from its setup to its teardown
+    held_s = row["setup_s"] + row["exec_s"] + row["teardown_s"]
+    assert row["instance_hours"] == pytest.approx(held_s / 3600) and held_s > 0
     assert row["cost_transfer"] == pytest.approx(transfer)
     assert row["cost"] == pytest.approx(
         row["cost_cpu"] + row["cost_memory"] + row["cost_instances"] + row["cost_transfer"]

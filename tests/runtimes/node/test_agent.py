@@ -45,7 +45,11 @@ class FlakyTransport(InProcessTransport):
 
 class IdleFake(FakeRuntime):
     def idle_capacity(self) -> dict[str, IdleCapacity]:
-        return {"fake/fake": IdleCapacity(instance_seconds=30.0, memory_mb_seconds=300.0, starts=2)}
+        return {
+            "fake/fake": IdleCapacity(
+                instance_seconds=30.0, memory_mb_seconds=300.0, starts=2, start_cpu_ms=75.0
+            )
+        }
 
 
 def settings(tmp_path: Path) -> NodeSettings:
@@ -151,6 +155,7 @@ async def test_it_announces_capacity_and_reports_idle_pools(
     seen = await events(transport, 4, pools=True)
     usage = [e.event for e in seen if isinstance(e.event, PoolUsage)]
     assert usage and usage[0].pool == "fake/fake" and usage[0].idle_instance_seconds == 30.0
+    assert usage[0].start_cpu_ms == 75.0
 
 
 async def test_its_own_healthz_and_metrics(agent: NodeAgent, transport: FlakyTransport) -> None:

@@ -255,6 +255,8 @@ async def test_inventory_and_idle_capacity_by_pool_key(run: RunFn, python_only: 
     spare, bound = capacity[spare_key], capacity[bound_key]
     assert spare.instance_seconds > 0 and spare.memory_mb_seconds > 0
     assert (spare.starts, spare.cold_starts) == (2, 0)  # the first spare and its replacement
+    # starting a jail costs CPU (nsjail's set-up, PID 1's Python), read from its cgroup
+    assert spare.start_cpu_ms > 1.0
     assert bound.instance_seconds > 0 and bound.memory_mb_seconds > 0
     assert bound.starts == 0  # it adopted the spare
     # a warm jail holds at least a megabyte (its zygote)

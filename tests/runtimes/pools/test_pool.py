@@ -362,7 +362,7 @@ async def test_a_spare_that_becomes_ready_goes_to_a_waiter(make_pool: MakePool) 
 
 async def test_idle_capacity_integrates_idle_workers_and_memory(make_pool: MakePool) -> None:
     clock = ManualClock()
-    factory = FakeFactory(memory_mb=10.0)
+    factory = FakeFactory(memory_mb=10.0, start_cpu_ms=40.0)
     pool = make_pool(factory, clock)
     pool.declare("k", Bounds(min=2, max=2))
     await pool.start()
@@ -370,7 +370,7 @@ async def test_idle_capacity_integrates_idle_workers_and_memory(make_pool: MakeP
     clock.advance(10.0)
     first = pool.idle_capacity()["k"]
     assert (first.instance_seconds, first.memory_mb_seconds) == (20.0, 200.0)
-    assert (first.starts, first.cold_starts) == (2, 0)
+    assert (first.starts, first.cold_starts, first.start_cpu_ms) == (2, 0, 80.0)
 
     worker = await pool.acquire("k")
     clock.advance(5.0)
@@ -384,6 +384,7 @@ async def test_idle_capacity_integrates_idle_workers_and_memory(make_pool: MakeP
     clock.advance(3.0)
     third = pool.idle_capacity()
     assert third["other"].starts == third["other"].cold_starts == 1
+    assert third["other"].start_cpu_ms == 40.0  # a cold start's CPU is counted too
     assert third["k"].instance_seconds == 6.0
     pool.release(cold)
 
