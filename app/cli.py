@@ -296,6 +296,7 @@ def usage_table(report: dict[str, Any]) -> str:
         "cpu_s",
         "memory_gb_s",
         "instance_hours",
+        "stored_gb_hours",
         "queue_share",
         "setup_share",
         "exec_share",

@@ -196,6 +196,7 @@ async def open_services(
                 usage_events=timedelta(days=settings.usage_event_retention_days),
             ),
             retention_every_s=settings.retention_seconds,
+            storage_every_s=settings.storage_meter_seconds,
         )
         invocations = Invocations(
             sessions=sessions,

@@ -164,6 +164,12 @@ class Settings(DatabaseSettings):
         "passed since its last record, at the reconciler's next pass; a sandbox that ends "
         "gets its last interval at once.",
     )
+    storage_meter_seconds: float = Field(
+        300.0,
+        gt=0,
+        description="How often what each tenant keeps stored (large outputs, function "
+        "artifacts, snapshots) is sampled into a usage event, priced per GB-month.",
+    )
     reconcile_grace_seconds: float = Field(
         5.0,
         gt=0,

@@ -144,6 +144,8 @@ class NodeReport(_Message):
     memory_mb: int  #: memory the node may give to executions
     memory_free_mb: int
     warm: dict[str, int] = Field(default_factory=dict)  #: pool_key -> idle warm workers
+    #: backend -> its workers by state: ``{"warm": .., "busy": .., "starting": ..}``
+    pools: dict[str, dict[str, int]] = Field(default_factory=dict)
     sandboxes: int = 0  #: live sandboxes it holds
     sandbox_backends: list[str] = Field(default_factory=list)  #: e.g. ["crun"]
     sandbox_room: int = 0  #: sandboxes it can still take

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 WINDOW = timedelta(minutes=5)
 #: rows read for the percentiles at most
 SAMPLE = 5000
+#: a backend's workers (jails, wasm instances, sandboxes) by state, as nodes report them
+POOL_STATES = ("warm", "busy", "starting")
 
 
 async def snapshot(services: Services, tenant_id: str | None) -> dict[str, Any]:
@@ -24,15 +26,15 @@ async def snapshot(services: Services, tenant_id: str | None) -> dict[str, Any]:
     nodes = await services.catalogue.nodes()
     backends: dict[str, dict[str, int]] = {}
     for node in nodes:
-        for runtime in node.runtimes:
-            backends.setdefault(runtime, {"warm": 0, "pools": 0})
-        for key, idle in node.warm.items():
-            runtime = key.split("/", 1)[0]
-            entry = backends.setdefault(runtime, {"warm": 0, "pools": 0})
-            entry["warm"] += idle
-            entry["pools"] += 1
-        for backend in node.sandbox_backends:
-            backends.setdefault(backend, {"warm": 0, "pools": 0})
+        names = [*node.runtimes, *(["sandboxes"] if node.sandbox_backends else [])]
+        for name in names:
+            entry = backends.setdefault(name, {**dict.fromkeys(POOL_STATES, 0), "pools": 0})
+            for state in POOL_STATES:
+                entry[state] += node.pools.get(name, {}).get(state, 0)
+        for key in node.warm:  # a pool per key (language, tenant, image)
+            name = "sandboxes" if key.startswith("sandbox/") else key.split("/", 1)[0]
+            if name in backends:
+                backends[name]["pools"] += 1
     since = utcnow() - WINDOW
     query = (
         select(Invocation.status, Invocation.created_at, Invocation.finished_at)

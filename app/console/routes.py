@@ -4,23 +4,22 @@ session's CSRF token and done by the API's own endpoint (``app.console.actions``
 
 from __future__ import annotations
 
-import asyncio
 import hmac
-import json
 import logging
 import secrets
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
 from pydantic import ValidationError
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response, StreamingResponse
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from app.console import functions as function_pages
+from app.console import live as live_updates
 from app.console import overview
 from app.console import sandboxes as sandbox_pages
 from app.console.actions import perform
@@ -29,7 +28,9 @@ from app.console.sessions import COOKIE, LIFETIME, ConsoleSessions, User
 from app.db import invocations as repo
 from app.db import tenants as tenant_repo
 from app.db.cursors import decode_cursor, encode_cursor
+from app.db.invocations import FINAL
 from app.errors import CorralError, NotFound, ValidationFailed
+from app.functions.languages import MAX_CODE_BYTES
 from app.invocations import projection
 from app.routes import run as run_routes
 from app.routes import tenants as tenant_routes
@@ -41,13 +42,17 @@ from app.usage.report import as_row
 log = logging.getLogger(__name__)
 
 LOGIN_COOKIE = "corral_console_login"
+#: what a console form may hold: one uploaded file (a function's module; the whole body is
+#: bounded by the gateway's body limit), a few dozen fields, a field as long as the
+#: largest source text a function or a run takes
+FORM_MAX_FILES = 1
+FORM_MAX_FIELDS = 64
+FORM_MAX_PART = MAX_CODE_BYTES + 1024
 PAGE = 50
 #: how often the live overview is sent
 LIVE_EVERY_S = 2.0
-#: a live stream ends after this long and the browser's EventSource reconnects (after
-#: ``retry``): no connection is held open for ever (a gateway's shutdown waits for open
-#: streams up to its graceful timeout)
-LIVE_FOR_S = 60.0
+#: how often a running invocation's page hears of it
+INVOCATION_EVERY_S = 1.0
 
 Page = Callable[[Request, User], Awaitable[Response]]
 
@@ -67,11 +72,20 @@ def page(handler: Page, *, admin: bool = False) -> Callable[[Request], Awaitable
     session's CSRF token."""
 
     async def endpoint(request: Request) -> Response:
+        try:
+            return await checked(request)
+        finally:
+            await request.close()  # a form's uploaded files
+
+    async def checked(request: Request) -> Response:
         user = await _sessions(request).resolve(request.cookies.get(COOKIE))
         if user is None:
             return RedirectResponse(f"/console/login?next={request.url.path}", status_code=303)
         if request.method == "POST":
-            form = await request.form()
+            # parsed once here, bounded; handlers read the same form
+            form = await request.form(
+                max_files=FORM_MAX_FILES, max_fields=FORM_MAX_FIELDS, max_part_size=FORM_MAX_PART
+            )
             sent = str(form.get("csrf", "")) or request.headers.get("x-csrf-token", "")
             if not hmac.compare_digest(sent.encode(), user.csrf.encode()):
                 return render(
@@ -162,7 +176,7 @@ def _cookie(response: Response, name: str, value: str, request: Request, *, max_
 
 # --- overview ---------------------------------------------------------------------------------
 async def home(request: Request, user: User) -> Response:
-    live = await overview.snapshot(services_of(request), _scope(user))
+    live = await overview.snapshot(services_of(request), user.tenant_id)
     return render(request, user, "overview.html", {"live": live})
 
 
@@ -170,22 +184,10 @@ async def live(request: Request, user: User) -> Response:
     """Server-sent events: the overview's figures every ``LIVE_EVERY_S``."""
     services = services_of(request)
 
-    async def events() -> AsyncIterator[str]:
-        ends = time.monotonic() + LIVE_FOR_S
-        yield f"retry: {int(LIVE_EVERY_S * 1000)}\n\n"
-        while time.monotonic() < ends:
-            figures = await overview.snapshot(services, _scope(user))
-            yield f"event: overview\ndata: {json.dumps(figures)}\n\n"
-            await asyncio.sleep(LIVE_EVERY_S)
+    async def read() -> dict[str, Any]:
+        return await overview.snapshot(services, user.tenant_id)
 
-    return StreamingResponse(
-        events(), media_type="text/event-stream", headers={"Cache-Control": "no-store"}
-    )
-
-
-def _scope(user: User) -> str | None:
-    """The tenant whose rows the user sees (None: the operator, everyone's)."""
-    return None if user.is_admin else user.principal.tenant_id  # type: ignore[union-attr]
+    return live_updates.events("overview", read, every_s=LIVE_EVERY_S)
 
 
 # --- tenants (the operator) -------------------------------------------------------------------
@@ -310,7 +312,7 @@ async def invocations_page(request: Request, user: User) -> Response:
     async with services_of(request).sessions() as session:
         rows = await repo.list_for_tenant(
             session,
-            tenant_id=_scope(user),
+            tenant_id=user.tenant_id,
             limit=PAGE,
             status=filters["status"] or None,
             kind=filters["kind"] or None,
@@ -331,12 +333,33 @@ async def invocations_page(request: Request, user: User) -> Response:
     )
 
 
+async def invocation_live(request: Request, user: User) -> Response:
+    """Server-sent events: an invocation's status until it is final."""
+    sessions = services_of(request).sessions
+    invocation_id = request.path_params["invocation_id"]
+
+    async def read() -> dict[str, Any]:
+        async with sessions() as session:
+            row = await repo.get(session, tenant_id=user.tenant_id, invocation_id=invocation_id)
+        return {"status": row.status, "final": row.status in FINAL, "attempts": row.attempts}
+
+    try:
+        first = await read()
+    except NotFound as exc:
+        return render(request, user, "error.html", {"message": exc.message}, 404)
+    return live_updates.events(
+        "invocation", read, every_s=INVOCATION_EVERY_S, done=lambda f: f["final"], first=first
+    )
+
+
 async def invocation_page(request: Request, user: User) -> Response:
     sessions = services_of(request).sessions
     try:
         async with sessions() as session:
             row = await repo.get(
-                session, tenant_id=_scope(user), invocation_id=request.path_params["invocation_id"]
+                session,
+                tenant_id=user.tenant_id,
+                invocation_id=request.path_params["invocation_id"],
             )
     except NotFound as exc:
         return render(request, user, "error.html", {"message": exc.message}, 404)
@@ -365,7 +388,7 @@ async def usage_page(request: Request, user: User) -> Response:
         return render(request, user, "error.html", {"message": str(exc.errors()[0]["msg"])}, 422)
     end = query.end or datetime.now(UTC)
     start = query.start or end - timedelta(days=7)
-    tenant_id = query.tenant if user.is_admin else _scope(user)
+    tenant_id = query.tenant if user.is_admin else user.tenant_id
     prices = services_of(request).settings.prices
     async with services_of(request).sessions() as session:
         lines = await usage_report.report(
@@ -432,12 +455,22 @@ def routes() -> list[BaseRoute]:
         ),
         Route("/console/run", page(run_form), methods=["GET"]),
         Route("/console/run", page(run_code), methods=["POST"]),
+        Route("/console/functions", page(function_pages.list_page), methods=["GET"]),
+        Route("/console/functions", page(function_pages.register), methods=["POST"]),
+        Route("/console/functions/{name}", page(function_pages.detail), methods=["GET"]),
+        Route("/console/functions/{name}/invoke", page(function_pages.invoke), methods=["POST"]),
         Route("/console/invocations", page(invocations_page), methods=["GET"]),
         Route("/console/invocations/{invocation_id}", page(invocation_page), methods=["GET"]),
+        Route(
+            "/console/invocations/{invocation_id}/live",
+            page(invocation_live),
+            methods=["GET"],
+        ),
         Route("/console/usage", page(usage_page), methods=["GET"]),
         Route("/console/sandboxes", page(sandbox_pages.list_page), methods=["GET"]),
         Route("/console/sandboxes", page(sandbox_pages.create), methods=["POST"]),
         Route("/console/sandboxes/{sandbox_id}", page(sandbox_pages.detail), methods=["GET"]),
+        Route("/console/sandboxes/{sandbox_id}/live", page(sandbox_pages.live), methods=["GET"]),
         Route(
             "/console/sandboxes/{sandbox_id}/exec",
             page(sandbox_pages.run_command),

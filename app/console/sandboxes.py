@@ -13,6 +13,7 @@ from sqlalchemy import select
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from app.console import live as live_updates
 from app.console.actions import perform
 from app.console.render import render, services_of
 from app.console.sessions import User
@@ -22,6 +23,8 @@ from app.errors import CorralError, NotFound, ValidationFailed
 from app.routes import sandboxes as api
 
 PAGE = 50
+#: how often a sandbox's page hears of it
+LIVE_EVERY_S = 2.0
 STATES = ("live", "running", "paused", "creating", "stopped")
 
 
@@ -135,6 +138,31 @@ async def detail(request: Request, user: User, **context: Any) -> Response:
         return render(request, user, "error.html", {"message": exc.message}, 404)
     return render(
         request, user, "sandbox.html", {"sandbox": sandbox, "files": files, "path": path, **context}
+    )
+
+
+async def live(request: Request, user: User) -> Response:
+    """Server-sent events: a sandbox's state and (a tenant's) its CPU and memory, until it
+    has stopped."""
+    sandbox_id = request.path_params["sandbox_id"]
+    sessions = services_of(request).sessions
+
+    async def read() -> dict[str, Any]:
+        if user.is_admin:
+            async with sessions() as session:
+                row = await session.get(Sandbox, sandbox_id)
+            if row is None:
+                raise NotFound(f"no sandbox {sandbox_id!r}")
+            return {"state": row.state, "cpu_ms": None, "memory_bytes": None}
+        got = await perform(api.get_sandbox, request, user, path={"sandbox_id": sandbox_id})
+        return {k: got[k] for k in ("state", "cpu_ms", "memory_bytes")}
+
+    try:
+        first = await read()
+    except NotFound as exc:
+        return render(request, user, "error.html", {"message": exc.message}, 404)
+    return live_updates.events(
+        "sandbox", read, every_s=LIVE_EVERY_S, done=lambda f: f["state"] == "stopped", first=first
     )
 
 

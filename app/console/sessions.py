@@ -45,6 +45,11 @@ class User:
     def is_admin(self) -> bool:
         return isinstance(self.principal, Admin)
 
+    @property
+    def tenant_id(self) -> str | None:
+        """The tenant whose rows the user sees (None: the operator, everyone's)."""
+        return None if isinstance(self.principal, Admin) else self.principal.tenant_id
+
 
 def digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()

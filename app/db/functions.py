@@ -134,13 +134,13 @@ async def get(session: AsyncSession, *, tenant_id: str, name: str) -> Function:
     return fn
 
 
-async def list_for_tenant(session: AsyncSession, *, tenant_id: str) -> Sequence[Function]:
-    query = (
-        select(Function)
-        .where(Function.tenant_id == tenant_id, Function.deleted_at.is_(None))
-        .order_by(Function.name)
-    )
-    return (await session.scalars(query)).all()
+async def list_for_tenant(session: AsyncSession, *, tenant_id: str | None) -> Sequence[Function]:
+    """The live functions of ``tenant_id`` by name (``None``: every tenant's, the
+    operator's view)."""
+    query = select(Function).where(Function.deleted_at.is_(None))
+    if tenant_id is not None:
+        query = query.where(Function.tenant_id == tenant_id)
+    return (await session.scalars(query.order_by(Function.name, Function.tenant_id))).all()
 
 
 async def versions(session: AsyncSession, fn: Function) -> Sequence[FunctionVersion]:

@@ -245,9 +245,9 @@ class UsageEvent(Base):
     )
     occurred_at: Mapped[datetime] = mapped_column()
     tenant_id: Mapped[str | None] = mapped_column(String(32), default=None)
-    subject: Mapped[str] = mapped_column(String(16))  # invocation | pool | sandbox
+    subject: Mapped[str] = mapped_column(String(16))  # invocation | pool | sandbox | storage
     subject_id: Mapped[str] = mapped_column(String(256))
-    kind: Mapped[str] = mapped_column(String(32))  # run | function | pool_idle | sandbox
+    kind: Mapped[str] = mapped_column(String(32))  # run | function | pool_idle | sandbox | storage
     runtime: Mapped[str | None] = mapped_column(String(32), default=None)
     language: Mapped[str | None] = mapped_column(String(32), default=None)
     function_version_id: Mapped[str | None] = mapped_column(String(32), default=None)
@@ -261,6 +261,8 @@ class UsageEvent(Base):
     peak_memory_kb: Mapped[int | None] = mapped_column(BigInteger, default=None)
     instance_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     memory_mb_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    #: GB (10^9 bytes) kept stored, times how long (``app.usage.storage``)
+    stored_gb_seconds: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     bytes_in: Mapped[int] = mapped_column(BigInteger, default=0)
     bytes_out: Mapped[int] = mapped_column(BigInteger, default=0)
     retries: Mapped[int] = mapped_column(Integer, default=0)
@@ -288,6 +290,8 @@ class UsageRollup(Base):
     cpu_ms: Mapped[float] = mapped_column(Float, default=0.0)
     instance_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     memory_mb_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    #: GB (10^9 bytes) kept stored, times how long (``app.usage.storage``)
+    stored_gb_seconds: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     bytes_in: Mapped[int] = mapped_column(BigInteger, default=0)
     bytes_out: Mapped[int] = mapped_column(BigInteger, default=0)
     retries: Mapped[int] = mapped_column(BigInteger, default=0)

@@ -44,7 +44,7 @@ _INV = cast(Table, Invocation.__table__)
 
 COSTS = ("queue_ms", "setup_ms", "exec_ms", "teardown_ms", "cpu_ms")
 COUNTS = ("bytes_in", "bytes_out", "retries")
-SUMS = (*COSTS, "instance_seconds", "memory_mb_seconds", *COUNTS)
+SUMS = (*COSTS, "instance_seconds", "memory_mb_seconds", "stored_gb_seconds", *COUNTS)
 #: What a rollup row is keyed by besides tenant and hour ("" where an event has none).
 DIMENSIONS = ("kind", "runtime", "language", "function_version_id")
 #: The rollup row of the platform's own usage (idle warm capacity).
@@ -69,6 +69,7 @@ _FROM_ROWS = insert(_EVENTS).from_select(
         "peak_memory_kb",
         "instance_seconds",
         "memory_mb_seconds",
+        "stored_gb_seconds",
         *COUNTS,
         "rolled",
     ],
@@ -98,6 +99,7 @@ _FROM_ROWS = insert(_EVENTS).from_select(
         / 1024.0
         * func.coalesce(_INV.c.exec_ms, 0.0)
         / 1000.0,
+        literal(0.0),
         func.coalesce(_INV.c.bytes_in, 0),
         func.coalesce(_INV.c.bytes_out, 0),
         _INV.c.attempts - 1,
@@ -133,6 +135,7 @@ async def record_pool_usage(session: AsyncSession, events: Sequence[PoolUsage]) 
                 "cpu_ms": e.start_cpu_ms,  # starting workers, a caller waiting or not
                 "instance_seconds": e.idle_instance_seconds,
                 "memory_mb_seconds": e.idle_memory_mb_seconds,
+                "stored_gb_seconds": 0.0,
                 **dict.fromkeys(COUNTS, 0),
                 "rolled": False,
             }

@@ -55,6 +55,7 @@ from app.invocations.recorder import Recorder
 from app.invocations.retention import Retention, Swept, sweep
 from app.invocations.service import Timing
 from app.metrics import Metrics
+from app.usage import storage
 from wire.ids import new_claim
 from wire.messages import Job, Marker, NodeReport, Stored
 
@@ -91,6 +92,7 @@ class Pass:
     adopted: int = 0
     released: int = 0  #: Jobs a dead node had read and not claimed, put back
     rolled_up: int = 0
+    storage_metered: int = 0  #: tenants whose storage got an event
     swept: Swept | None = None  #: what the retention sweep deleted, if one ran
 
 
@@ -118,6 +120,7 @@ class Reconciler:
         interval_s: float,
         retention: Retention | None = None,
         retention_every_s: float = 60.0,
+        storage_every_s: float = 300.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._sessions = sessions
@@ -134,6 +137,8 @@ class Reconciler:
         self._retention = retention
         self._retention_every_s = retention_every_s
         self._swept_at = float("-inf")
+        self._storage_every_s = storage_every_s
+        self._storage_at = float("-inf")
         self._dead_since: dict[str, float] = {}
         self._released_at: dict[str, float] = {}
         self.leading = False
@@ -175,6 +180,11 @@ class Reconciler:
         if self._retention and self._clock() - self._swept_at >= self._retention_every_s:
             done.swept = await sweep(self._sessions, self._retention, utcnow())
             self._swept_at = self._clock()
+        if self._clock() - self._storage_at >= self._storage_every_s:
+            done.storage_metered = await storage.meter(
+                self._sessions, now=utcnow(), every_s=self._storage_every_s
+            )
+            self._storage_at = self._clock()
         self._metrics.reconciler.labels("reissued").inc(len(done.reissued))
         self._metrics.reconciler.labels("failed").inc(len(done.failed))
         self._metrics.reconciler.labels("passes").inc()

@@ -71,7 +71,13 @@ class UsageRow(BaseModel):
     teardown_s: float
     cpu_s: float
     memory_gb_s: float
-    instance_hours: float = Field(description="sandboxes alive and warm workers held idle")
+    instance_hours: float = Field(
+        description="instances held: sandboxes alive, a call's jail or wasm instance from its "
+        "setup to its teardown, warm workers held idle"
+    )
+    stored_gb_hours: float = Field(
+        description="GB kept stored (large outputs, function artifacts, snapshots) times hours"
+    )
     bytes_in: int
     bytes_out: int
     queue_share: float = Field(description="share of the row's time spent waiting")
@@ -82,6 +88,7 @@ class UsageRow(BaseModel):
     cost_memory: float
     cost_instances: float
     cost_transfer: float
+    cost_storage: float
     cost: float
 
 

@@ -6,7 +6,9 @@ measure: CPU-seconds, GB-seconds of memory (a call's peak for its run; a sandbox
 an idle warm worker's reservation for its life), instance-hours by backend (a sandbox
 alive, paused included; the jail or wasm instance a call held from its setup to its
 teardown, so a call that had to start its own jail pays for the start; a warm worker
-held idle) and bytes transferred (into a call and out of it).
+held idle), bytes transferred (into a call and out of it) and GB-months stored (a
+tenant's large outputs, function artifacts and snapshots, sampled by
+``app.usage.storage``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,10 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 GB = 1_000_000_000
+#: the month a stored GB is priced by
+MONTH_S = 30 * 86_400
+#: what a cost is split into
+COST_PARTS = ("cpu", "memory", "instances", "transfer", "storage")
 
 
 class Prices(BaseModel):
@@ -29,6 +35,9 @@ class Prices(BaseModel):
     )
     default_instance_hour: float = Field(0.0, ge=0, description="for a backend not listed")
     gb_transferred: float = Field(0.02, ge=0, description="per GB into or out of a call")
+    gb_month_stored: float = Field(
+        0.023, ge=0, description="per GB kept stored for a month (30 days)"
+    )
 
     def of(
         self,
@@ -37,6 +46,7 @@ class Prices(BaseModel):
         cpu_ms: float,
         memory_mb_seconds: float,
         instance_seconds: float,
+        stored_gb_seconds: float = 0.0,
         bytes_moved: int,
     ) -> dict[str, float]:
         """The cost of one group's use, by quantity."""
@@ -46,4 +56,5 @@ class Prices(BaseModel):
             "memory": memory_mb_seconds / 1024.0 * self.gb_second,
             "instances": instance_seconds / 3600.0 * hourly,
             "transfer": bytes_moved / GB * self.gb_transferred,
+            "storage": stored_gb_seconds / MONTH_S * self.gb_month_stored,
         }

@@ -25,12 +25,15 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import Function, FunctionVersion, Tenant, UsageEvent, UsageRollup
 from app.db.usage import COUNTS, DIMENSIONS, PLATFORM
-from app.usage.prices import Prices
+from app.usage.prices import COST_PARTS, Prices
 
 Group = Literal["tenant", "backend", "language", "function", "kind", "hour", "day"]
 GROUPS: tuple[Group, ...] = ("tenant", "backend", "language", "function", "kind", "hour", "day")
 PHASES = ("queue_ms", "setup_ms", "exec_ms", "teardown_ms")
-QUANTITIES = (*PHASES, "cpu_ms", "instance_seconds", "memory_mb_seconds", *COUNTS)
+QUANTITIES = (
+    *(*PHASES, "cpu_ms", "instance_seconds", "memory_mb_seconds", "stored_gb_seconds"),
+    *COUNTS,
+)
 #: The tenant column's value for the platform's own use (idle warm capacity).
 PLATFORM_NAME = "(platform)"
 
@@ -56,9 +59,7 @@ class Line:
     events: int = 0
     failures: int = 0
     sums: dict[str, float] = field(default_factory=lambda: dict.fromkeys(QUANTITIES, 0.0))
-    cost: dict[str, float] = field(
-        default_factory=lambda: dict.fromkeys(("cpu", "memory", "instances", "transfer"), 0.0)
-    )
+    cost: dict[str, float] = field(default_factory=lambda: dict.fromkeys(COST_PARTS, 0.0))
 
     @property
     def total_cost(self) -> float:
@@ -109,6 +110,7 @@ async def report(
             cpu_ms=source.sums["cpu_ms"],
             memory_mb_seconds=source.sums["memory_mb_seconds"],
             instance_seconds=source.sums["instance_seconds"],
+            stored_gb_seconds=source.sums["stored_gb_seconds"],
             bytes_moved=int(source.sums["bytes_in"] + source.sums["bytes_out"]),
         )
         for part, amount in priced.items():
@@ -224,6 +226,7 @@ def as_row(line: Line) -> dict[str, Any]:
         "cpu_s": sums["cpu_ms"] / 1000.0,
         "memory_gb_s": sums["memory_mb_seconds"] / 1024.0,
         "instance_hours": sums["instance_seconds"] / 3600.0,
+        "stored_gb_hours": sums["stored_gb_seconds"] / 3600.0,
         "bytes_in": int(sums["bytes_in"]),
         "bytes_out": int(sums["bytes_out"]),
         **{f"{phase}_share": share for phase, share in line.shares().items()},

@@ -151,10 +151,13 @@ class NodeAgent:
         """This node's entry in the catalogue; ``waiting`` Jobs placed on it and not taken
         yet count as busy slots."""
         warm: dict[str, int] = {}
-        for backend in self.backends.values():
+        pools: dict[str, dict[str, int]] = {}
+        for name, backend in self.backends.items():
             warm.update(backend.inventory())
+            pools[name] = backend.stats()
         if self.sandboxes is not None:
             warm.update(self.sandboxes.warm_inventory())
+            pools["sandboxes"] = self.sandboxes.pool_stats()
         return NodeReport(
             node_id=self.node_id,
             incarnation=self.incarnation,
@@ -171,6 +174,7 @@ class NodeAgent:
                 ),
             ),
             warm=warm,
+            pools=pools,
             sandboxes=self.sandboxes.live_count() if self.sandboxes is not None else 0,
             sandbox_backends=sorted(self.sandboxes.backends) if self.sandboxes is not None else [],
             sandbox_room=self.sandboxes.room() if self.sandboxes is not None else 0,

@@ -287,6 +287,11 @@ class SandboxManager:
     def warm_inventory(self) -> dict[str, int]:
         return self._warm.inventory() if self._warm is not None else {}
 
+    def pool_stats(self) -> dict[str, int]:
+        """Sandboxes warm and starting in the warm pool, and live ones as busy."""
+        stats = self._warm.stats() if self._warm is not None else {"warm": 0, "starting": 0}
+        return {"warm": stats["warm"], "busy": self.live_count(), "starting": stats["starting"]}
+
     async def destroy(self, sandbox_id: str, *, reason: str = "destroyed") -> SandboxStatus:
         entry = self._get(sandbox_id)
         async with entry.lock:

@@ -136,3 +136,7 @@ class WarmPool:
 
     def inventory(self) -> dict[str, int]:
         return self._pool.inventory()
+
+    def stats(self) -> dict[str, int]:
+        """Warm (paused, unclaimed) and starting sandboxes of every image's pool."""
+        return self._pool.stats()

@@ -15,7 +15,7 @@
     const backends = document.querySelector("#backends tbody");
     if (backends) {
       const entries = Object.entries(figures.backends);
-      backends.replaceChildren(...(entries.length ? entries.map(([name, b]) => row([name, b.warm, b.pools])) : [row(["no live node", "", ""])]));
+      backends.replaceChildren(...(entries.length ? entries.map(([name, b]) => row([name, b.warm, b.busy, b.starting, b.pools])) : [row(["no live node", "", "", "", ""])]));
     }
     const nodes = document.querySelector("#nodes tbody");
     if (nodes) {
@@ -59,3 +59,42 @@ window.addEventListener("load", () => {
   });
   canvas.dataset.drawn = "true";
 });
+
+// A running invocation's page: its status as it changes, the whole page once it ends.
+(function watchInvocation() {
+  const watch = document.getElementById("watch");
+  if (!watch || !window.EventSource) return;
+  const source = new EventSource(watch.dataset.live);
+  source.addEventListener("invocation", (event) => {
+    const figures = JSON.parse(event.data);
+    const status = document.getElementById("status");
+    status.textContent = figures.status;
+    status.className = `status ${figures.status}`;
+  });
+  source.addEventListener("done", () => {
+    source.close();
+    window.location.reload();
+  });
+})();
+
+// A sandbox's page: its state, CPU and memory as they change; the page again when its
+// state does (what can be done in it changes with it).
+(function watchSandbox() {
+  const box = document.getElementById("sandbox-live");
+  if (!box || !box.dataset.live || !window.EventSource) return;
+  const source = new EventSource(box.dataset.live);
+  source.addEventListener("sandbox", (event) => {
+    const figures = JSON.parse(event.data);
+    if (figures.state !== box.dataset.state) {
+      source.close();
+      window.location.reload();
+      return;
+    }
+    const memory = document.getElementById("sandbox-memory");
+    if (memory && figures.memory_bytes !== null) memory.textContent = `${(figures.memory_bytes / 1e6).toFixed(1)} MB`;
+    const cpu = document.getElementById("sandbox-cpu");
+    if (cpu && figures.cpu_ms !== null) cpu.textContent = `${(figures.cpu_ms / 1000).toFixed(2)} s`;
+    box.dataset.updated = String(Date.now());
+  });
+  source.addEventListener("done", () => source.close());
+})();

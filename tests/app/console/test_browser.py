@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -161,3 +163,87 @@ def test_the_overview_updates_live_and_fits_a_phone(
     width = page.evaluate("document.documentElement.scrollWidth")
     assert width <= NARROW["width"], "the page scrolls sideways on a phone"
     page.screenshot(path=shots / "overview-phone.png", full_page=True)
+
+
+def test_a_running_invocation_and_a_sandbox_update_their_pages(
+    wide: Any, server_url: str, shots: Path
+) -> None:
+    url, page = server_url, wide
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    made = httpx.post(f"{url}/v1/tenants", json={"name": "live-team"}, headers=admin).json()
+    key = made["key"]["api_key"]
+    headers = {"Authorization": f"Bearer {key}"}
+    sign_in(page, url, key)
+    program = {"stdout": "done at last", "sleep": 4}
+    body = {"language": "fake", "code": json.dumps(program)}
+    with ThreadPoolExecutor(1) as caller:  # the call waits for its result meanwhile
+        answer = caller.submit(httpx.post, f"{url}/v1/run", json=body, headers=headers, timeout=30)
+        invocation_id = running_invocation(url, headers)
+        page.goto(f"{url}/console/invocations/{invocation_id}")
+        assert page.inner_text("#status") in ("queued", "running")
+        assert page.is_visible("#watch")
+        page.screenshot(path=shots / "invocation-running.png", full_page=True)
+        # the page shows the result by itself once the invocation ends
+        page.wait_for_selector("#run-stdout", timeout=20_000)
+        assert page.inner_text("#run-stdout") == "done at last"
+        assert page.inner_text("#status") == "succeeded"
+        assert answer.result().json()["invocation_id"] == invocation_id
+
+    # a sandbox's page follows it: killed from elsewhere, it shows so
+    created = httpx.post(
+        f"{url}/v1/sandboxes", json={"image": "python", "backend": "fake"}, headers=headers
+    )
+    assert created.status_code == 201, created.text
+    sandbox_id = created.json()["id"]
+    page.goto(f"{url}/console/sandboxes/{sandbox_id}")
+    page.wait_for_selector("#sandbox-live[data-updated]", timeout=10_000)
+    killed = httpx.delete(f"{url}/v1/sandboxes/{sandbox_id}", headers=headers)
+    assert killed.status_code in (200, 204), killed.text
+    page.wait_for_selector("#state:has-text('stopped')", timeout=10_000)
+
+
+def running_invocation(url: str, headers: dict[str, str]) -> str:
+    """The id of the tenant's one invocation, once it is recorded."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        listed = httpx.get(f"{url}/v1/invocations", headers=headers).json()
+        if listed["invocations"]:
+            return str(listed["invocations"][0]["invocation_id"])
+        time.sleep(0.05)
+    raise AssertionError("the invocation was never recorded")
+
+
+@pytest.mark.nsjail
+def test_a_tenant_registers_and_invokes_a_function(
+    browser: Any, live_server: Callable[..., str], shots: Path
+) -> None:
+    url = live_server(runtimes=["nsjail"], nsjail={"warm_per_language": 1})
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    made = httpx.post(f"{url}/v1/tenants", json={"name": "fn-team"}, headers=admin).json()
+    context = browser.new_context(viewport=WIDE)
+    try:
+        page = context.new_page()
+        sign_in(page, url, made["key"]["api_key"])
+        page.click("text=Functions")
+        page.fill("input[name=name]", "word-stats")
+        page.fill(
+            "textarea[name=code]",
+            "def handler(input):\n"
+            "    words = input['text'].split()\n"
+            "    return {'words': len(words), 'longest': max(words, key=len)}\n",
+        )
+        schema = {"type": "object", "properties": {"text": {"type": "string"}}}
+        page.fill("textarea[name=input_schema]", json.dumps({**schema, "required": ["text"]}))
+        page.click("button:has-text('Register')")
+        page.wait_for_url(f"{url}/console/functions/word-stats")
+        page.fill("textarea[name=input]", json.dumps({"text": "a sandbox for agents at scale"}))
+        page.click("button:has-text('Invoke')")
+        page.wait_for_selector("#invoke-output", timeout=30_000)
+        assert json.loads(page.inner_text("#invoke-output")) == {"words": 6, "longest": "sandbox"}
+        assert page.inner_text("#invoke-result .status") == "succeeded"
+        page.screenshot(path=shots / "function.png", full_page=True)
+        page.click("text=Functions")
+        assert "word-stats" in page.inner_text("#functions")
+        page.screenshot(path=shots / "functions.png", full_page=True)
+    finally:
+        context.close()

@@ -20,6 +20,21 @@ __all__ = ["sandbox_client", "sandbox_settings", "tenant"]
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
 
+def server_sent(client: TestClient, url: str) -> list[tuple[str, Any]]:
+    """The events of a stream that ends by itself: (name, data) each."""
+    events: list[tuple[str, Any]] = []
+    with client.stream("GET", url) as stream:
+        assert stream.status_code == 200
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        name = ""
+        for line in stream.iter_lines():
+            if line.startswith("event: "):
+                name = line.removeprefix("event: ")
+            elif line.startswith("data: "):
+                events.append((name, json.loads(line.removeprefix("data: "))))
+    return events
+
+
 def sign_in(client: TestClient, key: str) -> str:
     """Sign in through the form; the session's CSRF token."""
     form = client.get("/console/login")
@@ -121,6 +136,15 @@ def test_a_tenant_runs_code_and_sees_only_its_own_invocations(
     assert client.get("/console/tenants").status_code == 403
     filtered = client.get("/console/invocations", params={"status": "failed"})
     assert "nothing yet" in filtered.text
+    # a final invocation's live stream says so once and ends; another tenant's is a 404
+    invocation_id = ran.url.path.rsplit("/", 1)[1]
+    assert 'id="watch"' not in ran.text  # nothing to watch on a final one
+    assert server_sent(client, f"/console/invocations/{invocation_id}/live") == [
+        ("invocation", {"status": "succeeded", "final": True, "attempts": 1}),
+        ("done", {}),
+    ]
+    gone = client.get(f"/console/invocations/{theirs['invocation_id']}/live")
+    assert gone.status_code == 404
 
 
 def test_a_revoked_key_ends_its_console_sessions(
@@ -212,3 +236,7 @@ def test_a_tenant_works_in_a_sandbox_and_the_operator_only_looks(
     csrf = sign_in(client, key)  # a new session, a new CSRF token
     killed = client.post(f"/console/sandboxes/{sandbox_id}/kill", data={"csrf": csrf})
     assert '<dd id="state">stopped</dd>' in killed.text
+    # a stopped sandbox's live stream says so once and ends
+    [(name, figures), done] = server_sent(client, f"/console/sandboxes/{sandbox_id}/live")
+    assert (name, figures["state"], done) == ("sandbox", "stopped", ("done", {}))
+    assert client.get("/console/sandboxes/sbx_nope/live").status_code == 404

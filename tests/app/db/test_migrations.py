@@ -89,7 +89,7 @@ async def test_upgrade_downgrade_upgrade(engine: AsyncEngine) -> None:
 
     await upgrade(engine, "head")
     assert await _tables(engine) == MODEL_TABLES | {"alembic_version"}
-    assert await _revision(engine) == "0009"
+    assert await _revision(engine) == "0010"
 
     await downgrade(engine, "base")
     assert await _tables(engine) == {"alembic_version"}
@@ -97,7 +97,7 @@ async def test_upgrade_downgrade_upgrade(engine: AsyncEngine) -> None:
 
     await upgrade(engine, "head")
     assert await _tables(engine) == MODEL_TABLES | {"alembic_version"}
-    assert await _revision(engine) == "0009"
+    assert await _revision(engine) == "0010"
 
 
 async def test_upgrade_is_idempotent(engine: AsyncEngine) -> None:

@@ -44,6 +44,9 @@ class FlakyTransport(InProcessTransport):
 
 
 class IdleFake(FakeRuntime):
+    def stats(self) -> dict[str, int]:
+        return {"warm": 3, "busy": 1, "starting": 2}
+
     def idle_capacity(self) -> dict[str, IdleCapacity]:
         return {
             "fake/fake": IdleCapacity(
@@ -152,6 +155,7 @@ async def test_it_announces_capacity_and_reports_idle_pools(
     assert (busy.node_id, busy.incarnation) == ("node-t", agent.incarnation)
     assert (busy.slots, busy.slots_free, busy.memory_mb) == (2, 1, 2048)
     assert busy.memory_free_mb == 2048 - 512
+    assert busy.pools == {"fake": {"warm": 3, "busy": 1, "starting": 2}}
     seen = await events(transport, 4, pools=True)
     usage = [e.event for e in seen if isinstance(e.event, PoolUsage)]
     assert usage and usage[0].pool == "fake/fake" and usage[0].idle_instance_seconds == 30.0
