@@ -25,6 +25,7 @@ from app.db import files, tenants
 from app.db import functions as functions_repo
 from app.db.engine import make_engine, make_sessionmaker
 from app.db.migrate import upgrade
+from app.db.transactions import transactions_for
 from app.db.writer import BatchWriter
 from app.dispatch.inprocess import InProcessTransport
 from app.dispatch.redis import RedisGatewayTransport
@@ -124,7 +125,7 @@ async def open_services(
         if settings.run_migrations:
             await upgrade(engine)
         sessions = make_sessionmaker(engine)
-        writer = BatchWriter(sessions)
+        writer = BatchWriter(transactions_for(settings.resolved_database_url, sessions))
         await writer.start()
         stack.push_async_callback(writer.close)
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import cast
 
-from sqlalchemy import Table, bindparam, delete, func, select
+from sqlalchemy import Connection, Table, bindparam, delete, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import Blob, Invocation
@@ -25,19 +25,20 @@ _INV = cast(Table, Invocation.__table__)
 _INSERT_FOR_ROW = _BLOBS.insert().from_select(
     ["id", "tenant_id", "invocation_id", "name", "size", "content", "created_at"],
     select(
-        bindparam("b_blob"),
+        bindparam("b_blob", type_=_BLOBS.c.id.type),
         _INV.c.tenant_id,
         _INV.c.id,
-        bindparam("b_name"),
-        bindparam("b_size"),
-        bindparam("b_content"),
-        bindparam("b_now"),
+        bindparam("b_name", type_=_BLOBS.c.name.type),
+        bindparam("b_size", type_=_BLOBS.c.size.type),
+        bindparam("b_content", type_=_BLOBS.c.content.type),
+        # typed as the column: stored as every other time is (not the driver's own format)
+        bindparam("b_now", type_=_BLOBS.c.created_at.type),
     ).where(_INV.c.id == bindparam("b_inv")),
 )
 
 
-async def insert(
-    session: AsyncSession,
+def insert(
+    conn: Connection,
     parts: Sequence[tuple[str, BlobPart]],
     *,
     now: datetime,
@@ -45,7 +46,6 @@ async def insert(
     """Store ``(invocation id, part)`` pairs, each under its invocation's tenant."""
     if not parts:
         return
-    conn = await session.connection()
     params = [
         {
             "b_blob": part.id,
@@ -57,7 +57,7 @@ async def insert(
         }
         for invocation_id, part in parts
     ]
-    await conn.execute(_INSERT_FOR_ROW, params[0] if len(params) == 1 else params)
+    conn.execute(_INSERT_FOR_ROW, params[0] if len(params) == 1 else params)
 
 
 async def fetch(session: AsyncSession, ids: Sequence[str]) -> dict[str, bytes]:

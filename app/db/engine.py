@@ -22,11 +22,11 @@ def make_engine(url: str) -> AsyncEngine:
         kwargs = {"pool_size": 20, "max_overflow": 20, "pool_pre_ping": True}
     engine = create_async_engine(url, **kwargs)
     if url.startswith("sqlite"):
-        event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+        event.listen(engine.sync_engine, "connect", sqlite_pragmas)
     return engine
 
 
-def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+def sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA synchronous=NORMAL")

@@ -8,8 +8,9 @@ late result can never replace what the current hand-out stored; a row that is fi
 never written again. ``attempts`` counts the tokens issued: an execution that ran more
 than once always says so.
 
-The lifecycle writes are ``Batchable`` (see ``app.db.writer``): prebuilt Core statements
-with bound parameters, run with ``executemany`` for a whole batch. ``Finish`` and
+The lifecycle writes are ``Batchable`` (see ``app.db.transactions``): prebuilt Core
+statements with bound parameters, run with ``executemany`` for a whole batch, on a
+synchronous connection (the SQLite writer's thread, or ``run_sync`` of an async one). ``Finish`` and
 ``Fail`` append the row's usage event in the same transaction (``app.db.usage``).
 """
 
@@ -22,6 +23,7 @@ from enum import StrEnum
 from typing import Any, ClassVar, cast
 
 from sqlalchemy import (
+    Connection,
     Table,
     and_,
     bindparam,
@@ -38,7 +40,7 @@ from app.db import blobs, outputs, usage
 from app.db.cursors import older_than
 from app.db.models import Invocation, utcnow
 from app.db.outputs import BlobPart
-from app.db.writer import Batchable
+from app.db.transactions import Batchable
 from app.errors import NotFound
 from wire.execution import RunResult
 
@@ -90,21 +92,20 @@ def epoch(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, UTC)
 
 
-async def _update_current(session: AsyncSession, params: list[dict[str, Any]]) -> int:
+def _update_current(conn: Connection, params: list[dict[str, Any]]) -> int:
     """Run the current-claim UPDATE once per parameter set; rows changed (one set only)."""
-    conn = await session.connection()
-    result = await conn.execute(_UPDATE_CURRENT, params[0] if len(params) == 1 else params)
+    result = conn.execute(_UPDATE_CURRENT, params[0] if len(params) == 1 else params)
     return int(result.rowcount)
 
 
-async def _current(session: AsyncSession, writes: Sequence[_Lifecycle]) -> set[tuple[str, str]]:
+def _current(conn: Connection, writes: Sequence[_Lifecycle]) -> set[tuple[str, str]]:
     """The (id, claim) pairs of ``writes`` whose row is open under that claim (locked on
     PostgreSQL). A lone write needs no look-up: its UPDATE's row count says it."""
     ids = {w.invocation_id for w in writes}
     query = select(_T.c.id, _T.c.claim).where(_T.c.id.in_(ids), _T.c.status.in_(list(OPEN)))
-    if session.get_bind().dialect.name == "postgresql":
+    if conn.dialect.name == "postgresql":
         query = query.with_for_update()
-    return {(row.id, row.claim) for row in await session.execute(query)}
+    return {(row.id, row.claim) for row in conn.execute(query)}
 
 
 def _claimed[W: _Lifecycle](writes: Sequence[W], current: set[tuple[str, str]]) -> list[W | None]:
@@ -121,9 +122,7 @@ def _claimed[W: _Lifecycle](writes: Sequence[W], current: set[tuple[str, str]]) 
     return claimed
 
 
-async def _apply_final[W: _Final](
-    session: AsyncSession, writes: Sequence[W]
-) -> list[Stored | None]:
+def _apply_final[W: _Final](conn: Connection, writes: Sequence[W]) -> list[Stored | None]:
     """Store final writes whose claim is current, with their blobs; append their usage
     events."""
     now = utcnow()
@@ -136,20 +135,20 @@ async def _apply_final[W: _Final](
 
     if len(writes) == 1:
         values = values_of(writes[0])
-        stored = [values if await _update_current(session, [_params(writes[0], values)]) else None]
+        stored = [values if _update_current(conn, [_params(writes[0], values)]) else None]
     else:
-        claimed = _claimed(writes, await _current(session, writes))
+        claimed = _claimed(writes, _current(conn, writes))
         stored = [values_of(w) if w is not None else None for w in claimed]
         params = [_params(w, v) for w, v in zip(writes, stored, strict=True) if v is not None]
         if params:
-            await _update_current(session, params)
+            _update_current(conn, params)
     ids = [w.invocation_id for w, v in zip(writes, stored, strict=True) if v is not None]
     if ids:
-        await usage.record_invocations(session, ids)
+        usage.record_invocations(conn, ids)
         expiring = [w for w in writes if w.invocation_id in ids and parts.get(w.invocation_id)]
         for write in expiring:  # rare (large outputs): a statement per invocation
-            await blobs.insert(
-                session,
+            blobs.insert(
+                conn,
                 [(write.invocation_id, part) for part in parts[write.invocation_id]],
                 now=now,
             )
@@ -205,7 +204,7 @@ class Create(Batchable):
         }
 
     @classmethod
-    async def run_many(cls, session: AsyncSession, writes: Sequence[Create]) -> list[Any]:
+    def run_many(cls, conn: Connection, writes: Sequence[Create]) -> list[Any]:
         now = utcnow()
         rows: list[dict[str, Any]] = []
         parts: list[tuple[str, BlobPart]] = []
@@ -214,10 +213,9 @@ class Create(Batchable):
             row["request"], large = outputs.split_request(write.request)
             rows.append(row)
             parts += [(write.invocation_id, part) for part in large]
-        conn = await session.connection()
-        await conn.execute(_INSERT, rows[0] if len(rows) == 1 else rows)
+        conn.execute(_INSERT, rows[0] if len(rows) == 1 else rows)
         if parts:  # rare: a request with large code or stdin
-            await blobs.insert(session, parts, now=now)
+            blobs.insert(conn, parts, now=now)
         return [Invocation(**row) for row in rows]
 
 
@@ -233,7 +231,8 @@ class EnsureCreated:
     async def __call__(self, session: AsyncSession) -> Invocation:
         found = await session.scalar(select(_T.c.id).where(_T.c.id == self.create.invocation_id))
         if found is None:
-            return (await Create.run_many(session, [self.create]))[0]  # type: ignore[no-any-return]
+            conn = await session.connection()
+            return (await conn.run_sync(Create.run_many, [self.create]))[0]  # type: ignore[no-any-return]
         return Invocation(**self.create.values(utcnow()))
 
 
@@ -255,14 +254,14 @@ class MarkRunning(_Lifecycle):
         }
 
     @classmethod
-    async def run_many(cls, session: AsyncSession, writes: Sequence[MarkRunning]) -> list[Any]:
+    def run_many(cls, conn: Connection, writes: Sequence[MarkRunning]) -> list[Any]:
         if len(writes) == 1:
-            return [await _update_current(session, [writes[0].params()]) > 0]
-        current = await _current(session, writes)
+            return [_update_current(conn, [writes[0].params()]) > 0]
+        current = _current(conn, writes)
         taken = [(w.invocation_id, w.claim) in current for w in writes]
         params = [w.params() for w, ok in zip(writes, taken, strict=True) if ok]
         if params:
-            await _update_current(session, params)
+            _update_current(conn, params)
         return taken
 
 
@@ -317,8 +316,8 @@ class Finish(_Final):
         }
 
     @classmethod
-    async def run_many(cls, session: AsyncSession, writes: Sequence[Finish]) -> list[Any]:
-        return await _apply_final(session, writes)
+    def run_many(cls, conn: Connection, writes: Sequence[Finish]) -> list[Any]:
+        return _apply_final(conn, writes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,8 +337,8 @@ class Fail(_Final):
         }
 
     @classmethod
-    async def run_many(cls, session: AsyncSession, writes: Sequence[Fail]) -> list[Any]:
-        return await _apply_final(session, writes)
+    def run_many(cls, conn: Connection, writes: Sequence[Fail]) -> list[Any]:
+        return _apply_final(conn, writes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,11 +350,10 @@ class Reissue(_Lifecycle):
     new_claim: str
 
     @classmethod
-    async def run_many(cls, session: AsyncSession, writes: Sequence[Reissue]) -> list[Any]:
-        conn = await session.connection()
+    def run_many(cls, conn: Connection, writes: Sequence[Reissue]) -> list[Any]:
         taken = []
         for w in writes:  # rare (lost hand-outs): one statement each is fine
-            result = await conn.execute(
+            result = conn.execute(
                 update(_T)
                 .where(_CURRENT)
                 .values(

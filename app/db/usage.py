@@ -19,6 +19,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, cast
 
 from sqlalchemy import (
+    Connection,
     Table,
     bindparam,
     delete,
@@ -108,10 +109,10 @@ _FROM_ROWS = insert(_EVENTS).from_select(
 )
 
 
-async def record_invocations(session: AsyncSession, ids: Sequence[str]) -> None:
-    """Append the usage events of invocations just stored as final."""
-    conn = await session.connection()
-    await conn.execute(_FROM_ROWS, {"ids": list(ids)})
+def record_invocations(conn: Connection, ids: Sequence[str]) -> None:
+    """Append the usage events of invocations just stored as final (inside the
+    lifecycle's batch: a synchronous connection, ``app.db.transactions``)."""
+    conn.execute(_FROM_ROWS, {"ids": list(ids)})
 
 
 async def record_pool_usage(session: AsyncSession, events: Sequence[PoolUsage]) -> None:

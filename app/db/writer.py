@@ -7,12 +7,9 @@ round trip and a commit per write. ``BatchWriter`` queues writes and one task ru
 whatever has queued up in a single transaction, so under load one commit carries many
 writes, and with no load a write is committed at once (no batching delay).
 
-A write is either an ``async (session) -> T`` callable, or a ``Batchable``: a write
-of a kind that knows how to run many of its kind in one statement (``executemany``), which
-is what the invocation lifecycle uses (``app.db.invocations``). Within a batch, batchables
-run grouped by class in ``stage`` order (the lifecycle order of a row: created, running,
-finished), then plain callables in queue order; since one invocation's writes are queued
-in lifecycle order, they are committed in that order.
+What a write is, and how a batch is committed (a session's transaction, or on a SQLite
+file one call to a writer thread), is in ``app.db.transactions``. Since one invocation's
+writes are queued in lifecycle order, they are committed in that order.
 
 ``write(op)`` waits for the commit and returns ``op``'s result; ``post(op)`` does not wait
 (its failure is logged). If a batch fails, its writes are retried one by one, so one bad
@@ -26,30 +23,15 @@ import asyncio
 import contextlib
 import logging
 import time
-from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, ClassVar, Self
-
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from typing import Any
 
 from app.db.failures import is_connection_failure
+from app.db.transactions import Batchable, Transactions, Write
+
+__all__ = ["MAX_BATCH", "BatchWriter", "Batchable", "Write"]
 
 log = logging.getLogger(__name__)
 
-
-class Batchable(ABC):
-    """A write that runs together with the other writes of its class in a batch."""
-
-    #: Order of the classes within a batch.
-    stage: ClassVar[int]
-
-    @classmethod
-    @abstractmethod
-    async def run_many(cls, session: AsyncSession, writes: Sequence[Self]) -> list[Any]:
-        """Apply ``writes`` (in queue order) and return one result per write."""
-
-
-Write = Callable[[AsyncSession], Awaitable[Any]] | Batchable
 
 #: Upper bound of writes in one transaction.
 MAX_BATCH = 256
@@ -57,8 +39,8 @@ _CLOSE_TIMEOUT_S = 30.0
 
 
 class BatchWriter:
-    def __init__(self, sessions: async_sessionmaker[Any], *, max_batch: int = MAX_BATCH) -> None:
-        self._sessions = sessions
+    def __init__(self, transactions: Transactions, *, max_batch: int = MAX_BATCH) -> None:
+        self._transactions = transactions
         self._max_batch = max_batch
         # None is the stop sign: everything queued before it is committed first.
         self._queue: asyncio.Queue[tuple[Write, asyncio.Future[Any]] | None] = asyncio.Queue()
@@ -72,8 +54,14 @@ class BatchWriter:
 
     async def close(self) -> None:
         """Commit everything queued, then stop."""
-        if self._task is None:
-            return
+        try:
+            if self._task is not None:
+                await self._stop()
+        finally:
+            await self._transactions.close()
+
+    async def _stop(self) -> None:
+        assert self._task is not None
         self._queue.put_nowait(None)
         try:
             await asyncio.wait_for(asyncio.shield(self._task), _CLOSE_TIMEOUT_S)
@@ -118,8 +106,7 @@ class BatchWriter:
     async def _commit(self, batch: list[tuple[Write, asyncio.Future[Any]]]) -> None:
         started = time.perf_counter()
         try:
-            async with self._sessions.begin() as session:
-                results = await _apply(session, [op for op, _ in batch])
+            results = await self._transactions.run([op for op, _ in batch])
         except Exception as exc:
             if len(batch) == 1 or is_connection_failure(exc):
                 # A lost connection is no bad write's fault, and the commit may have
@@ -141,27 +128,6 @@ class BatchWriter:
         for (_, future), result in zip(batch, results, strict=True):
             if not future.done():
                 future.set_result(result)
-
-
-async def _apply(session: AsyncSession, ops: list[Write]) -> list[Any]:
-    results: list[Any] = [None] * len(ops)
-    groups: dict[type[Batchable], list[int]] = {}
-    plain: list[int] = []
-    for index, op in enumerate(ops):
-        if isinstance(op, Batchable):
-            groups.setdefault(type(op), []).append(index)
-        else:
-            plain.append(index)
-    for kind in sorted(groups, key=lambda k: k.stage):
-        indexes = groups[kind]
-        outcome = await kind.run_many(session, [ops[i] for i in indexes])  # type: ignore[misc]
-        for i, value in zip(indexes, outcome, strict=True):
-            results[i] = value
-    for i in plain:
-        op = ops[i]
-        assert not isinstance(op, Batchable)
-        results[i] = await op(session)
-    return results
 
 
 def _log_failure(future: asyncio.Future[Any], what: str) -> None:

@@ -247,3 +247,67 @@ def test_a_tenant_registers_and_invokes_a_function(
         page.screenshot(path=shots / "functions.png", full_page=True)
     finally:
         context.close()
+
+
+@pytest.mark.nsjail
+@pytest.mark.crun
+@pytest.mark.slow
+def test_a_tenant_runs_real_code_and_a_real_container_from_the_console(
+    browser: Any, live_server: Callable[..., str], tmp_path: Path, shots: Path
+) -> None:
+    """The same steps as an operator's day above, on the runtimes ``make run`` serves:
+    Python in a real jail, a real crun container of the ``python`` image."""
+    from tests.app.routes.test_sandboxes_crun import python_images_dir
+    from tests.requirements import require_nsjail
+    from tests.runtimes.sandboxes.conftest import leftovers
+
+    require_nsjail()
+    url = live_server(
+        runtimes=["nsjail"],
+        nsjail={"warm_per_language": 1},
+        sandbox_backends=["crun"],
+        images_dir=python_images_dir(),
+    )
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    made = httpx.post(f"{url}/v1/tenants", json={"name": "real-team"}, headers=admin).json()
+    context = browser.new_context(viewport=WIDE)
+    try:
+        page = context.new_page()
+        sign_in(page, url, made["key"]["api_key"])
+        page.click("text=Run")
+        page.select_option("select[name=language]", "python")
+        page.fill("textarea[name=code]", "import sys\nprint(sum(range(10)), sys.version_info[0])")
+        page.click("button:has-text('Run')")
+        page.wait_for_selector("#run-stdout", timeout=30_000)
+        assert page.inner_text("#run-stdout") == "45 3\n"
+        assert page.inner_text("#status") == "succeeded"
+        invocation_id = page.url.rsplit("/", 1)[1]
+        page.click("text=Invocations")
+        assert invocation_id in page.inner_text("#invocations")
+
+        page.click("text=Sandboxes")
+        assert page.input_value("input[name=backend]") == "crun"
+        page.fill("input[name=memory_mb]", "256")
+        page.click("button:has-text('Create')")
+        page.wait_for_url(re.compile(r".*/console/sandboxes/sbx_.*"), timeout=30_000)
+        sandbox_id = page.url.rsplit("/", 1)[1].split("?")[0]
+        assert page.inner_text("#state") == "running"
+        page.fill(
+            "input[name=command]",
+            "python3 -c \"import getpass; open('/home/user/made.txt', 'w').write('x' * 7); "
+            'print(getpass.getuser())"',
+        )
+        page.click("form[action$='/exec'] button")
+        page.wait_for_selector("#exec-stdout", timeout=30_000)
+        assert page.inner_text("#exec-stdout") == "user\n"
+        # the file the command wrote is in the sandbox's file browser
+        page.fill("input[name=path]", "/home/user")
+        page.click("button:has-text('Open')")
+        row = page.locator("#files tr", has_text="made.txt")
+        assert row.locator("td").nth(2).inner_text() == "7"
+        page.screenshot(path=shots / "sandbox-crun.png", full_page=True)
+        page.click("button:has-text('Kill')")
+        page.wait_for_selector("#state:has-text('stopped')", timeout=30_000)
+    finally:
+        context.close()
+    assert leftovers(tmp_path / "data", sandbox_id) == []

@@ -20,6 +20,7 @@ from app.db.engine import make_engine, make_sessionmaker
 from app.db.migrate import upgrade
 from app.db.models import Blob, Invocation, UsageEvent, UsageRollup
 from app.db.outputs import INLINE_BYTES, PREVIEW_CHARS
+from app.db.transactions import transactions_for
 from app.db.writer import BatchWriter
 from app.invocations.retention import Retention, sweep
 from app.quotas.spec import QuotaLimits
@@ -48,8 +49,11 @@ async def sessions(database_url: str) -> AsyncIterator[async_sessionmaker[Any]]:
 
 
 @pytest.fixture
-async def writer(sessions: async_sessionmaker[Any]) -> AsyncIterator[BatchWriter]:
-    w = BatchWriter(sessions)
+async def writer(
+    database_url: str, sessions: async_sessionmaker[Any]
+) -> AsyncIterator[BatchWriter]:
+    """As the app commits: in the writer's thread on SQLite, in sessions on PostgreSQL."""
+    w = BatchWriter(transactions_for(database_url, sessions))
     await w.start()
     try:
         yield w

@@ -1,24 +1,37 @@
-"""Group commit: batching, ordering, isolation of a failing write, draining on close."""
+"""Group commit: batching, ordering, isolation of a failing write, draining on close; on a
+SQLite file, batches of batchable writes committed whole in the writer's own thread."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import Connection, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.db.engine import make_engine, make_sessionmaker
+from app.db.transactions import (
+    Batchable,
+    SessionTransactions,
+    ThreadTransactions,
+    transactions_for,
+)
 from app.db.writer import BatchWriter
+
+
+def url_of(tmp_path: Path) -> str:
+    return f"sqlite+aiosqlite:///{tmp_path}/w.db"
 
 
 @pytest.fixture
 async def sessions(tmp_path: Path) -> AsyncIterator[async_sessionmaker[Any]]:
-    engine = make_engine(f"sqlite+aiosqlite:///{tmp_path}/w.db")
+    engine = make_engine(url_of(tmp_path))
     async with engine.begin() as conn:
         await conn.execute(text("CREATE TABLE t (n INTEGER PRIMARY KEY)"))
     try:
@@ -41,7 +54,7 @@ async def rows(sessions: async_sessionmaker[Any]) -> list[int]:
 
 
 async def test_concurrent_writes_share_transactions(sessions: async_sessionmaker[Any]) -> None:
-    writer = BatchWriter(sessions)
+    writer = BatchWriter(SessionTransactions(sessions))
     await writer.start()
     try:
         results = await asyncio.gather(*(writer.write(put(n)) for n in range(100)))
@@ -53,14 +66,21 @@ async def test_concurrent_writes_share_transactions(sessions: async_sessionmaker
     assert writer.batches < 100  # queued together, committed together
 
 
-async def test_a_failing_write_fails_alone(sessions: async_sessionmaker[Any]) -> None:
-    writer = BatchWriter(sessions)
+@pytest.mark.parametrize("committer", ["sessions", "thread"])
+async def test_a_failing_write_fails_alone(
+    committer: str, tmp_path: Path, sessions: async_sessionmaker[Any]
+) -> None:
+    """Plain writes in sessions; batchables in the SQLite writer's thread."""
+    if committer == "sessions":
+        writer, make = BatchWriter(SessionTransactions(sessions)), put
+    else:
+        writer, make = BatchWriter(transactions_for(url_of(tmp_path), sessions)), Put
     await writer.start()
     try:
         outcomes = await asyncio.gather(
-            writer.write(put(1)),
-            writer.write(put(1)),
-            writer.write(put(2)),
+            writer.write(make(1)),
+            writer.write(make(1)),
+            writer.write(make(2)),
             return_exceptions=True,
         )
     finally:
@@ -88,7 +108,7 @@ async def test_a_lost_connection_fails_the_batch_without_running_it_again(
 
         return op
 
-    writer = BatchWriter(sessions)
+    writer = BatchWriter(SessionTransactions(sessions))
     await writer.start()
     try:
         outcomes = await asyncio.gather(
@@ -113,7 +133,7 @@ async def test_posted_writes_are_committed_in_order_and_on_close(
 
         return op
 
-    writer = BatchWriter(sessions)
+    writer = BatchWriter(SessionTransactions(sessions))
     await writer.start()
     writer.post(step("running", 1), what="test")
     finished = writer.write(step("finished", 2))
@@ -122,3 +142,55 @@ async def test_posted_writes_are_committed_in_order_and_on_close(
     await writer.close()  # drains the posted write
     assert order == ["running", "finished", "late"]
     assert await rows(sessions) == [1, 2, 3]
+
+
+@dataclass(frozen=True)
+class Put(Batchable):
+    """A batchable insert that notes the thread and the batch it ran in."""
+
+    stage: ClassVar[int] = 0
+    seen: ClassVar[list[tuple[str, int]]] = []
+    n: int
+
+    @classmethod
+    def run_many(cls, conn: Connection, writes: Sequence[Put]) -> list[Any]:
+        cls.seen.append((threading.current_thread().name, len(writes)))
+        conn.execute(text("INSERT INTO t (n) VALUES (:n)"), [{"n": w.n} for w in writes])
+        return [w.n for w in writes]
+
+
+def writer_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("corral-sqlite-writer")]
+
+
+async def test_batchables_on_a_sqlite_file_commit_in_the_writers_thread(
+    tmp_path: Path, sessions: async_sessionmaker[Any]
+) -> None:
+    Put.seen.clear()
+    transactions = transactions_for(url_of(tmp_path), sessions)
+    assert isinstance(transactions, ThreadTransactions)
+    writer = BatchWriter(transactions)
+    await writer.start()
+    try:
+        results = await asyncio.gather(*(writer.write(Put(n)) for n in range(50)))
+        mixed = await asyncio.gather(writer.write(Put(100)), writer.write(put(101)))
+    finally:
+        await writer.close()
+    assert results == list(range(50)) and mixed == [100, 101]
+    assert await rows(sessions) == [*range(50), 100, 101]  # committed, seen by others
+    threads = {name for name, _ in Put.seen[:-1]}
+    assert len(threads) == 1 and threads.pop().startswith("corral-sqlite-writer")
+    assert sum(n for _, n in Put.seen[:-1]) == 50 and len(Put.seen) - 1 < 50  # batched
+    # a batch that holds a plain write is committed in a session, on the event loop
+    assert Put.seen[-1] == (threading.current_thread().name, 1)
+    assert writer_threads() == []  # closed with the writer
+
+
+def test_an_in_memory_or_server_database_commits_in_sessions() -> None:
+    sessions: Any = object()
+    assert isinstance(
+        transactions_for("sqlite+aiosqlite:///:memory:", sessions), SessionTransactions
+    )
+    assert isinstance(
+        transactions_for("postgresql+asyncpg://u@h/db", sessions), SessionTransactions
+    )

@@ -18,6 +18,7 @@ from app.db import tenants
 from app.db.engine import make_engine, make_sessionmaker
 from app.db.migrate import upgrade
 from app.db.models import Invocation
+from app.db.transactions import transactions_for
 from app.db.writer import BatchWriter
 from app.dispatch.inprocess import InProcessTransport
 from app.dispatch.redis import RedisGatewayTransport
@@ -171,7 +172,7 @@ async def world(backing: dict[str, str]) -> AsyncIterator[World]:
     engine = make_engine(backing["db"])
     await upgrade(engine)
     sessions = make_sessionmaker(engine)
-    writer = BatchWriter(sessions)
+    writer = BatchWriter(transactions_for(backing["db"], sessions))
     await writer.start()
     redis = Redis.from_url(backing["redis"], decode_responses=True) if "redis" in backing else None
     gateway: GatewayTransport

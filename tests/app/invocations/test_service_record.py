@@ -9,17 +9,16 @@ outcome is unknown and names the invocation.
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from starlette.testclient import TestClient
 
 from app.db import invocations
+from app.db.transactions import Transactions, Write
 from app.main import create_app
 from app.settings import Settings
 from tests.conftest import ADMIN
@@ -28,51 +27,39 @@ RUN = {"language": "fake", "code": '{"stdout": "once"}'}
 
 
 class LosesTheAnswer:
-    """Sessions whose first commit that inserts an invocation lands and then raises a
+    """A committer whose first commit that inserts an invocation lands and then raises a
     lost connection; the database then stays down for ``down_for`` transactions (or
     until ``down`` is cleared)."""
 
-    def __init__(self, real: async_sessionmaker[Any], *, down_for: int) -> None:
+    def __init__(self, real: Transactions, *, down_for: int) -> None:
         self._real = real
         self.down_for = down_for
         self.down = False
-        self.created = False
         self.lost = 0
         self.refused = 0
 
-    def __call__(self, *args: Any, **kwargs: Any) -> AsyncSession:
-        return self._real(*args, **kwargs)
-
-    @contextlib.asynccontextmanager
-    async def begin(self) -> AsyncIterator[AsyncSession]:
+    async def run(self, ops: Sequence[Write]) -> list[Any]:
         if self.down or (self.lost and self.refused < self.down_for):
             self.refused += 1
             raise OperationalError("BEGIN", None, ConnectionRefusedError("the server is down"))
-        self.created = False
-        async with self._real.begin() as session:
-            yield session
-        if self.created and not self.lost:
+        results = await self._real.run(ops)
+        if not self.lost and any(isinstance(op, invocations.Create) for op in ops):
             self.lost += 1
             self.down = self.down_for < 0
             raise OperationalError("COMMIT", None, ConnectionResetError("lost after commit"))
+        return results
+
+    async def close(self) -> None:
+        await self._real.close()
 
 
 @pytest.fixture
 def lossy(monkeypatch: pytest.MonkeyPatch) -> Callable[[TestClient, int], LosesTheAnswer]:
     def install(client: TestClient, down_for: int) -> LosesTheAnswer:
         writer = client.app.state.services.writer  # type: ignore[attr-defined]
-        sessions = LosesTheAnswer(writer._sessions, down_for=down_for)
-        original = invocations.Create.run_many.__func__  # type: ignore[attr-defined]
-
-        async def run_many(
-            cls: type[invocations.Create], session: AsyncSession, writes: Sequence[Any]
-        ) -> list[Any]:
-            sessions.created = True
-            return await original(cls, session, writes)  # type: ignore[no-any-return]
-
-        monkeypatch.setattr(invocations.Create, "run_many", classmethod(run_many))
-        monkeypatch.setattr(writer, "_sessions", sessions)
-        return sessions
+        committer = LosesTheAnswer(writer._transactions, down_for=down_for)
+        monkeypatch.setattr(writer, "_transactions", committer)
+        return committer
 
     return install
 

@@ -197,7 +197,8 @@ def test_paging_does_not_skip_rows_with_equal_timestamps(
                 )
                 for n in range(5)
             ]
-            await repo.Create.run_many(session, writes)
+            conn = await session.connection()
+            await conn.run_sync(repo.Create.run_many, writes)
             await session.execute(
                 update(Invocation)
                 .where(Invocation.id.like("inv_tie%"))
