@@ -111,3 +111,55 @@ def test_a_network_allow_list_through_a_real_server(
         assert ran["stdout"].split("\n")[:2] == ["hello-8080", "8081 ConnectionRefusedError"], ran
         assert api.get(one).json()["network"] == {"allow": [f"{outside}:8080"]}
         api.delete(one)
+
+
+def test_hostile_programs_in_python_sandboxes_through_a_real_server(
+    live_server: Callable[..., str], tmp_path: Path
+) -> None:
+    """The issue's hostile programs on the image ``make run`` serves, through the API: an
+    endless ``yes``, root overwriting ``/bin/bash``, and probes of the Corral API's own
+    port and the node's socket. Each is contained and the server keeps serving."""
+    url = live_server(sandbox_backends=["crun"], images_dir=python_images_dir())
+    port = int(url.rsplit(":", 1)[1])
+    data_dir = (tmp_path / "data").resolve()
+    node_socket = data_dir / "node.sock"
+    assert node_socket.exists()
+    made = httpx.post(f"{url}/v1/tenants", json={"name": "crun-vandal"}, headers=ADMIN).json()
+    headers = {"Authorization": f"Bearer {made['key']['api_key']}"}
+    with httpx.Client(base_url=url, headers=headers, timeout=60) as api:
+        ids = [api.post("/v1/sandboxes", json={"memory_mb": 256}) for _ in range(2)]
+        assert all(r.status_code == 201 for r in ids), [r.text for r in ids]
+        vandal, bystander = (f"/v1/sandboxes/{r.json()['id']}" for r in ids)
+
+        # an endless flood: cut at the output cap, killed at its timeout
+        flood = api.post(f"{vandal}/exec", json={"cmd": ["yes"], "timeout_s": 2}).json()
+        assert flood["timed_out"] and flood["stdout_truncated"], {**flood, "stdout": "…"}
+        assert 0 < len(flood["stdout"]) <= 8 << 20
+
+        # root replaces bash: that sandbox's bash is gone, nobody else's
+        wrecked = api.post(
+            f"{vandal}/exec",
+            json={"command": "echo 'exit 99' > /bin/bash; /bin/bash -c 'echo x'", "user": "root"},
+        ).json()
+        assert wrecked["exit_code"] != 0 and "x" not in wrecked["stdout"], wrecked
+        (image_bash,) = python_images_dir().glob("*/rootfs/bin/bash")
+        assert image_bash.read_bytes()[:4] == b"\x7fELF"  # the shared base is untouched
+        fine = api.post(f"{bystander}/exec", json={"cmd": ["/bin/bash", "-c", "echo $((6*7))"]})
+        assert fine.json()["stdout"] == "42\n", fine.text
+
+        # the Corral API's port and the node's socket are out of reach
+        probe = (
+            "import os, socket\n"
+            f"try: socket.create_connection(('127.0.0.1', {port}), 2); print('reached')\n"
+            "except OSError as e: print(type(e).__name__)\n"
+            f"print([p for p in ({str(node_socket)!r}, {str(data_dir)!r}) if os.path.exists(p)])\n"
+        )
+        probed = api.post(
+            f"{vandal}/exec", json={"cmd": ["python3", "-c", probe], "user": "root"}
+        ).json()
+        assert probed["stdout"].splitlines() == ["ConnectionRefusedError", "[]"], probed
+        assert api.get("/v1/sandboxes").status_code == 200  # the server kept serving
+        for one in (vandal, bystander):
+            assert api.delete(one).json()["state"] == "stopped"
+    for r in ids:
+        assert leftovers(tmp_path / "data", r.json()["id"]) == []
