@@ -204,8 +204,10 @@ class InProcessTransport(GatewayTransport, NodeTransport):
             }
         )
         self._markers[job.invocation_id] = (claimed, now + marker.deadline_s + marker.hold_s)
-        self._results.put_nowait(Entry(event=started, stream="", entry_id=""))
         return Claim.OK
+
+    async def report_started(self, delivery: Delivery, started: Started) -> None:
+        self._results.put_nowait(Entry(event=started, stream="", entry_id=""))
 
     async def drop(self, delivery: Delivery) -> None:
         return None
