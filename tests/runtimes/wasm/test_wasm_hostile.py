@@ -248,7 +248,10 @@ async def test_huge_declarations_are_refused(runtime: WasmRuntime, run_module: R
 async def test_a_huge_module_is_compiled_under_its_limits_beside_other_tenants(
     runtime: WasmRuntime, run_module: RunFn
 ) -> None:
-    big = huge_module()
+    # Twice the usual size: several seconds of compiling even on a fast machine, so that
+    # its 2 s deadline falls well after a small module's compile jail has done (0.6-0.7 s
+    # on a slow one; a 0.5 s deadline came first there).
+    big = huge_module(40000)
     order: list[str] = []
 
     async def tracked(name: str, module: bytes, **limits: Any) -> Any:
@@ -257,7 +260,7 @@ async def test_a_huge_module_is_compiled_under_its_limits_beside_other_tenants(
         return result
 
     slow, small = await asyncio.gather(
-        tracked("huge", big, compile_timeout_s=0.5),
+        tracked("huge", big, compile_timeout_s=2.0),
         tracked("small", print_module("other tenant")),
     )
     assert small.run is not None and small.run.stdout == "other tenant", small
