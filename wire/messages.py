@@ -82,9 +82,6 @@ class DeliveryRef(_Message):
 
 
 class Started(_Message):
-    """An execution a node claimed is still running after its report delay (one that
-    ends sooner has only its ``Finished``, which carries ``started_at`` too)."""
-
     type: Literal["started"] = "started"
     invocation_id: str
     claim: str

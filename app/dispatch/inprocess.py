@@ -204,10 +204,8 @@ class InProcessTransport(GatewayTransport, NodeTransport):
             }
         )
         self._markers[job.invocation_id] = (claimed, now + marker.deadline_s + marker.hold_s)
-        return Claim.OK
-
-    async def report_started(self, delivery: Delivery, started: Started) -> None:
         self._results.put_nowait(Entry(event=started, stream="", entry_id=""))
+        return Claim.OK
 
     async def drop(self, delivery: Delivery) -> None:
         return None

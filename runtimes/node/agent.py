@@ -3,13 +3,9 @@
 What a node does with one delivery:
 
 1. **Claim** the Job's token (``NodeTransport.claim``). Only the current token of an
-   execution can be claimed, and only by one node (the dispatch marker records it, which
-   is what the reconciler judges a running execution by). Any other outcome: drop the
-   delivery without running it.
-2. Run the Job on the backend registered under its runtime's name. If it is still
-   running after ``started_report_after_ms``, publish ``Started`` (its row shows it
-   running); most calls of an RL trainer end sooner and their row is written twice
-   (queued, then final) instead of three times.
+   execution can be claimed, and only by one node; the claim publishes ``Started``.
+   Any other outcome: drop the delivery without running it.
+2. Run the Job on the backend registered under its runtime's name.
 3. **Finish**: publish ``Finished`` (the result) to the recorder of the Job's gateway,
    retrying until it is accepted. The recorder stores it and only then acknowledges the
    delivery; if this node dies first, the control plane's reconciler hands the execution
@@ -283,7 +279,7 @@ class NodeAgent:
                 return
             self._memory_used_mb += memory
             try:
-                result = await self._run_reporting_start(delivery, started)
+                result = await self._run(delivery)
             finally:
                 self._memory_used_mb -= memory
             self.metrics.executions.labels(job.runtime, result.outcome).inc()
@@ -312,26 +308,6 @@ class NodeAgent:
         finally:
             self._busy -= 1
             self._slots.release()
-
-    async def _run_reporting_start(self, delivery: Delivery, started: Started) -> RunResult:
-        """Run the delivery; publish ``started`` if it runs past the report delay (a
-        failure to publish it is logged: the row stays queued until its result)."""
-        after_s = self.settings.started_report_after_ms / 1000
-        run = asyncio.ensure_future(self._run(delivery))
-        try:
-            done, _ = await asyncio.wait({run}, timeout=after_s)
-            if not done:
-                try:
-                    await self.transport.report_started(delivery, started)
-                except Exception as exc:
-                    log.warning(
-                        "inv=%s reporting its start failed (%r)", delivery.job.invocation_id, exc
-                    )
-            return await run
-        finally:
-            if not run.done():  # this handler was cancelled: so is the run, to its end
-                run.cancel()
-                await asyncio.wait({run})
 
     async def _run(self, delivery: Delivery) -> RunResult:
         job = delivery.job

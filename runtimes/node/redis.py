@@ -8,10 +8,9 @@ one tenant after another: each read asks the next tenants in a ring ordered by t
 has free slots, so a tenant's wait does not grow with another
 tenant's backlog. At start it first re-reads what it had taken before a restart
 (its pending entries). Claiming runs one Lua script that checks the Job's token against
-the dispatch marker and records this node as the holder, at once; ``Started`` goes to
-the gateway's results stream later, and only for an execution still running then. A
-dropped delivery is acknowledged and deleted at once; a finished one is acknowledged by
-the recorder, after it stored the result.
+the dispatch marker, records this node as the holder and publishes ``Started`` on the
+gateway's results stream, all at once. A dropped delivery is acknowledged and deleted
+at once; a finished one is acknowledged by the recorder, after it stored the result.
 """
 
 from __future__ import annotations
@@ -52,8 +51,8 @@ if redis.call('XLEN', KEYS[1]) == 0 then redis.call('SREM', KEYS[2], ARGV[1]) en
 return 0
 """
 
-# KEYS[1] marker
-# ARGV claim, node id, incarnation, now (epoch s),
+# KEYS[1] marker, KEYS[2] results stream
+# ARGV claim, node id, incarnation, now (epoch s), Started json, results stream maxlen,
 #      the delivery's stream entry (a duplicate entry of the same Job is not the same claim)
 _CLAIM = """
 local raw = redis.call('GET', KEYS[1])
@@ -63,17 +62,18 @@ if m['claim'] ~= ARGV[1] then return 'stale' end
 local holder = m['claimed_by']
 if holder and holder ~= cjson.null then
   -- the same delivery again (a retried call whose reply was lost): still ours
-  if holder == ARGV[2] and m['incarnation'] == ARGV[3] and m['entry'] == ARGV[5] then
+  if holder == ARGV[2] and m['incarnation'] == ARGV[3] and m['entry'] == ARGV[7] then
     return 'ok'
   end
   return 'taken'
 end
 m['claimed_by'] = ARGV[2]
 m['incarnation'] = ARGV[3]
-m['entry'] = ARGV[5]
+m['entry'] = ARGV[7]
 m['claimed_at'] = tonumber(ARGV[4])
 local hold = math.ceil((tonumber(m['deadline_s']) + tonumber(m['hold_s'])) * 1000)
 redis.call('SET', KEYS[1], cjson.encode(m), 'PX', hold)
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', 'event', ARGV[5])
 return 'ok'
 """
 
@@ -200,19 +200,18 @@ class RedisNodeTransport(NodeTransport):
     async def claim(self, delivery: Delivery, started: Started, *, incarnation: str) -> Claim:
         job = delivery.job
         outcome = await self._claim(
-            keys=[keys.inflight(job.invocation_id)],
+            keys=[keys.inflight(job.invocation_id), keys.results(job.reply_to)],
             args=[
                 job.claim,
                 started.node_id,
                 incarnation,
                 started.started_at,
+                started.model_dump_json(),
+                STREAM_MAXLEN,
                 f"{delivery.ref.stream}/{delivery.ref.entry_id}",
             ],
         )
         return Claim(outcome)
-
-    async def report_started(self, delivery: Delivery, started: Started) -> None:
-        await self._publish_result(delivery, started)
 
     async def drop(self, delivery: Delivery) -> None:
         await self._ack_delete(delivery.ref.stream, delivery.ref.entry_id)
@@ -224,12 +223,9 @@ class RedisNodeTransport(NodeTransport):
             await pipe.execute()
 
     async def finish(self, delivery: Delivery, finished: Finished) -> None:
-        await self._publish_result(delivery, finished)
-
-    async def _publish_result(self, delivery: Delivery, event: Started | Finished) -> None:
         await self._redis.xadd(
             keys.results(delivery.job.reply_to),
-            {"event": event.model_dump_json()},
+            {"event": finished.model_dump_json()},
             maxlen=STREAM_MAXLEN,
             approximate=True,
         )

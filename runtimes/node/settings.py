@@ -74,13 +74,6 @@ class NodeSettings(BaseSettings):
         description="How often the node reports the idle capacity its warm pools held "
         "(one usage event per pool and period, the platform's cost).",
     )
-    started_report_after_ms: float = Field(
-        50.0,
-        ge=0,
-        description="A claimed execution is reported started (its row marked running) "
-        "only once it has run this long; one that ends sooner is stored once, from its "
-        "result (two writes of its row instead of three). 0: reported at the claim.",
-    )
     node_dead_after_seconds: float = Field(
         6.0, gt=0, description="A node silent this long is dead; its work is handed out again."
     )

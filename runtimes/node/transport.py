@@ -58,14 +58,7 @@ class NodeTransport(ABC):
 
     @abstractmethod
     async def claim(self, delivery: Delivery, started: Started, *, incarnation: str) -> Claim:
-        """Claim the delivery's token for this node (``started`` names the node and the
-        time), atomically against the dispatch marker."""
-
-    @abstractmethod
-    async def report_started(self, delivery: Delivery, started: Started) -> None:
-        """Publish ``started`` to the recorder of the Job's gateway (an execution that
-        is still running after the node's ``started_report_after_ms``). Raises if it
-        could not be published."""
+        """Claim the delivery's token for this node; on OK, ``started`` is published."""
 
     @abstractmethod
     async def drop(self, delivery: Delivery) -> None:

@@ -137,7 +137,6 @@ async def test_dispatch_claim_report_settle(pair: Pair) -> None:
     assert delivery.job == sent
     assert await node.claim(delivery, started("node-a", sent), incarnation="i1") is Claim.OK
     assert (await gw.markers(["inv_1"]))["inv_1"].claimed_by == "node-a"
-    await node.report_started(delivery, started("node-a", sent))
     await node.finish(delivery, finished("node-a", delivery))
 
     events = await read(gw, 2)
@@ -173,9 +172,8 @@ async def test_a_token_is_claimed_once_and_only_while_current(pair: Pair) -> Non
     assert await node.claim(again, started("node-b", second), incarnation="i9") is Claim.OK
     # A late Finished of the old token settles its entries but not the new claim's marker.
     await node.finish(delivery, finished("node-a", delivery))
-    events = await read(gw, 1)
+    events = await read(gw, 3)
     late = [e for e in events if isinstance(e.event, Finished)]
-    assert late == events  # a claim publishes nothing (``report_started`` does)
     await gw.settle(late)
     assert (await gw.markers(["inv_2"]))["inv_2"].claim == "new"
     # No marker at all: settled already, or lost.
@@ -259,7 +257,6 @@ async def test_a_dead_gateways_results_are_adopted(redis_url: str) -> None:
         deliveries = await take(node, "node-a", 2)
         for d in deliveries:
             assert await node.claim(d, started("node-a", d.job), incarnation="i") is Claim.OK
-            await node.report_started(d, started("node-a", d.job))
         await read(dead, 1)  # the dead gateway read something and never settled it
         for d in deliveries:
             await node.finish(d, finished("node-a", d))
