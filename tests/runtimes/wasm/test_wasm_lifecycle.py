@@ -223,13 +223,26 @@ async def test_inventory_and_idle_capacity_by_pool_key(
     try:
         assert rt.inventory() == {key: 2}  # raw modules and the Python component: no pool
         await asyncio.sleep(0.3)  # two instances idle meanwhile (the worker reports it)
-        capacity = rt.idle_capacity()
-        assert set(capacity) == {key}
-        idle = capacity[key]
-        assert idle.instance_seconds > 0
+        # each read hands over what was held since the last one; a start is reported with
+        # the worker's next status, so the second warm start may come only with the next
+        # event (seen on a slow machine: one of two after 5 s of reads): add reads up
+        seconds = memory = 0.0
+        starts = cold = 0
+        for _ in range(500):
+            capacity = rt.idle_capacity()
+            assert set(capacity) <= {key}
+            if key in capacity:
+                seconds += capacity[key].instance_seconds
+                memory += capacity[key].memory_mb_seconds
+                starts += capacity[key].starts
+                cold += capacity[key].cold_starts
+            if starts >= 2 or (starts and seconds):
+                break
+            await asyncio.sleep(0.01)
+        assert seconds > 0
         # QuickJS holds about 0.3 MiB of linear memory while it waits
-        assert idle.memory_mb_seconds >= 0.1 * idle.instance_seconds
-        assert (idle.starts, idle.cold_starts) == (2, 0)
+        assert memory >= 0.1 * seconds
+        assert 1 <= starts <= 2 and cold == 0, (starts, cold)  # warm, none for a caller
         result = await run(rt, "print(1)", **JS)
         assert result.run is not None and result.run.stdout == "1\n"
         for _ in range(500):  # the one-shot instance is replaced
