@@ -322,12 +322,9 @@ def _register_gauges(services: Services) -> None:
     writer = services.writer
     services.metrics.gauge(
         "corral_db_writer",
-        "Group-commit writer: writes, batches (transactions) and seconds spent committing.",
-        lambda: {
-            "writes": float(writer.writes),
-            "batches": float(writer.batches),
-            "commit_seconds": writer.commit_seconds,
-        },
+        "Group-commit writer: writes, batches (transactions), seconds spent committing; on a"
+        " SQLite file, commits made on the event loop and lone writes that found the lock held.",
+        writer.counters,
         "counter",
     )
     services.metrics.gauge(

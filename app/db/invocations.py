@@ -10,8 +10,9 @@ than once always says so.
 
 The lifecycle writes are ``Batchable`` (see ``app.db.transactions``): prebuilt Core
 statements with bound parameters, run with ``executemany`` for a whole batch, on a
-synchronous connection (the SQLite writer's thread, or ``run_sync`` of an async one). ``Finish`` and
-``Fail`` append the row's usage event in the same transaction (``app.db.usage``).
+synchronous connection (SQLite's own, on the event loop or in its writer thread, or
+``run_sync`` of an async one). ``Finish`` and ``Fail`` append the row's usage event in the
+same transaction (``app.db.usage``).
 """
 
 from __future__ import annotations

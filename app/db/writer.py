@@ -7,9 +7,10 @@ round trip and a commit per write. ``BatchWriter`` queues writes and one task ru
 whatever has queued up in a single transaction, so under load one commit carries many
 writes, and with no load a write is committed at once (no batching delay).
 
-What a write is, and how a batch is committed (a session's transaction, or on a SQLite
-file one call to a writer thread), is in ``app.db.transactions``. Since one invocation's
-writes are queued in lifecycle order, they are committed in that order.
+What a write is, and how a batch is committed (a session's transaction; on a SQLite file,
+on the event loop or in one call to a writer thread), is in ``app.db.transactions``.
+Since one invocation's writes are queued in lifecycle order, they are committed in that
+order.
 
 ``write(op)`` waits for the commit and returns ``op``'s result; ``post(op)`` does not wait
 (its failure is logged). If a batch fails, its writes are retried one by one, so one bad
@@ -71,6 +72,16 @@ class BatchWriter:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         self._task = None
+
+    def counters(self) -> dict[str, float]:
+        """Writes, batches (transactions), seconds spent committing, and the committer's
+        own counters."""
+        return {
+            "writes": float(self.writes),
+            "batches": float(self.batches),
+            "commit_seconds": self.commit_seconds,
+            **self._transactions.counters(),
+        }
 
     def write(self, op: Write) -> asyncio.Future[Any]:
         """Queue ``op`` now; the returned future resolves when it is committed. A caller

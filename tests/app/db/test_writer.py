@@ -1,10 +1,14 @@
 """Group commit: batching, ordering, isolation of a failing write, draining on close; on a
-SQLite file, batches of batchable writes committed whole in the writer's own thread."""
+SQLite file, a lone batchable write committed on the event loop unless the write lock is
+held, larger batches committed whole in the writer's own thread, and the loop's commits
+checkpointed by that thread."""
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import threading
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +23,7 @@ from app.db.engine import make_engine, make_sessionmaker
 from app.db.transactions import (
     Batchable,
     SessionTransactions,
-    ThreadTransactions,
+    SQLiteTransactions,
     transactions_for,
 )
 from app.db.writer import BatchWriter
@@ -163,19 +167,29 @@ def writer_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("corral-sqlite-writer")]
 
 
-async def test_batchables_on_a_sqlite_file_commit_in_the_writers_thread(
+@pytest.fixture
+async def file_writer(
     tmp_path: Path, sessions: async_sessionmaker[Any]
-) -> None:
+) -> AsyncIterator[BatchWriter]:
+    """A writer on the SQLite file, as the app makes it; closed by the test or after it."""
     Put.seen.clear()
     transactions = transactions_for(url_of(tmp_path), sessions)
-    assert isinstance(transactions, ThreadTransactions)
+    assert isinstance(transactions, SQLiteTransactions)
     writer = BatchWriter(transactions)
     await writer.start()
     try:
-        results = await asyncio.gather(*(writer.write(Put(n)) for n in range(50)))
-        mixed = await asyncio.gather(writer.write(Put(100)), writer.write(put(101)))
+        yield writer
     finally:
         await writer.close()
+
+
+async def test_batches_on_a_sqlite_file_commit_in_the_writers_thread(
+    file_writer: BatchWriter, sessions: async_sessionmaker[Any]
+) -> None:
+    writer = file_writer
+    results = await asyncio.gather(*(writer.write(Put(n)) for n in range(50)))
+    mixed = await asyncio.gather(writer.write(Put(100)), writer.write(put(101)))
+    await writer.close()
     assert results == list(range(50)) and mixed == [100, 101]
     assert await rows(sessions) == [*range(50), 100, 101]  # committed, seen by others
     threads = {name for name, _ in Put.seen[:-1]}
@@ -184,6 +198,73 @@ async def test_batchables_on_a_sqlite_file_commit_in_the_writers_thread(
     # a batch that holds a plain write is committed in a session, on the event loop
     assert Put.seen[-1] == (threading.current_thread().name, 1)
     assert writer_threads() == []  # closed with the writer
+
+
+async def test_a_lone_write_commits_on_the_event_loop(
+    file_writer: BatchWriter, sessions: async_sessionmaker[Any]
+) -> None:
+    for n in range(3):
+        assert await file_writer.write(Put(n)) == n
+    counters = file_writer.counters()
+    assert Put.seen == [(threading.current_thread().name, 1)] * 3
+    assert counters["loop_commits"] == 3 and counters["lock_busy"] == 0
+    assert await rows(sessions) == [0, 1, 2]
+
+
+async def test_a_lone_write_that_finds_the_lock_held_waits_in_the_thread(
+    file_writer: BatchWriter, tmp_path: Path, sessions: async_sessionmaker[Any]
+) -> None:
+    """Another connection holds the write lock (a session's transaction, another
+    process): the lone write does not wait for it on the event loop, which keeps
+    running; it waits in the thread and commits once the lock is released."""
+    writer = file_writer
+    holder = sqlite3.connect(tmp_path / "w.db", isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        holder.execute("INSERT INTO t (n) VALUES (1000)")
+        pending = writer.write(Put(5))
+        ticks = 0
+        started = time.monotonic()
+        while time.monotonic() - started < 0.5:
+            await asyncio.sleep(0.01)
+            ticks += 1
+        assert not pending.done()
+        assert ticks > 10  # the loop was not held by the waiting write
+        holder.execute("COMMIT")
+        assert await asyncio.wait_for(pending, 10) == 5
+        counters = writer.counters()
+    finally:
+        holder.close()
+    assert counters["lock_busy"] == 1 and counters["loop_commits"] == 0
+    assert [name for name, _ in Put.seen][-1].startswith("corral-sqlite-writer")
+    assert await rows(sessions) == [5, 1000]
+
+
+def wal_bytes(tmp_path: Path) -> int:
+    return (tmp_path / "w.db-wal").stat().st_size
+
+
+@pytest.mark.parametrize("checkpoint_every", [25, 10**9])
+async def test_commits_on_the_event_loop_are_checkpointed(
+    checkpoint_every: int, tmp_path: Path, sessions: async_sessionmaker[Any]
+) -> None:
+    """The loop's connection never checkpoints as it commits; the thread does, every
+    ``checkpoint_every`` of its commits, so the write-ahead log is reused, not grown."""
+    writer = BatchWriter(
+        transactions_for(url_of(tmp_path), sessions, checkpoint_every=checkpoint_every)
+    )
+    await writer.start()
+    try:
+        for n in range(400):
+            await writer.write(Put(n))
+    finally:
+        await writer.close()
+    pages = wal_bytes(tmp_path) // 4096
+    if checkpoint_every == 25:
+        assert pages < 100  # about 25 commits' worth, reused since
+    else:
+        assert pages > 400  # every commit appended (at least a page each)
+    assert await rows(sessions) == list(range(400))
 
 
 def test_an_in_memory_or_server_database_commits_in_sessions() -> None:
