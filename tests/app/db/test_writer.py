@@ -267,6 +267,30 @@ async def test_commits_on_the_event_loop_are_checkpointed(
     assert await rows(sessions) == list(range(400))
 
 
+@pytest.mark.parametrize("how", ["cancelled future", "cancelled caller"])
+async def test_a_cancelled_caller_does_not_cancel_its_write(
+    how: str, file_writer: BatchWriter, tmp_path: Path, sessions: async_sessionmaker[Any]
+) -> None:
+    """Queued behind a held write lock, the write's waiter is cancelled (a caller's
+    timeout, a recorder stopping); the write is still committed once the lock is free."""
+    holder = sqlite3.connect(tmp_path / "w.db", isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        if how == "cancelled future":
+            future = file_writer.write(Put(1))
+            await asyncio.sleep(0.05)
+            future.cancel()
+        else:
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(file_writer.write(Put(1)), 0.05)
+        later = file_writer.write(Put(2))
+        holder.execute("COMMIT")
+        assert await asyncio.wait_for(later, 10) == 2
+    finally:
+        holder.close()
+    assert await rows(sessions) == [1, 2]
+
+
 def test_an_in_memory_or_server_database_commits_in_sessions() -> None:
     sessions: Any = object()
     assert isinstance(
