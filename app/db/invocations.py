@@ -41,6 +41,7 @@ from app.db import blobs, outputs, usage
 from app.db.cursors import older_than
 from app.db.models import Invocation, utcnow
 from app.db.outputs import BlobPart
+from app.db.prepared import Prepared
 from app.db.transactions import Batchable
 from app.errors import NotFound
 from wire.execution import RunResult
@@ -71,11 +72,12 @@ def status_of(result: RunResult) -> Status:
 # per-call statement construction costs more than the database round trip), with bound
 # parameters for everything that varies. (Literal statuses: an expanding IN parameter
 # cannot be used with executemany.)
+# (On SQLite's own driver they run on its cursor: ``app.db.prepared``.)
 _T = cast(Table, Invocation.__table__)
-_INSERT = insert(_T)
+_INSERT = Prepared(insert(_T))
 _IS_OPEN = or_(*(_T.c.status == literal_column(f"'{s.value}'") for s in OPEN))
 _CURRENT = and_(_T.c.id == bindparam("b_id"), _T.c.claim == bindparam("b_claim"), _IS_OPEN)
-_UPDATE_CURRENT = update(_T).where(_CURRENT)
+_UPDATE_CURRENT = Prepared(update(_T).where(_CURRENT))
 
 
 def bytes_out(result: RunResult) -> int:
@@ -95,8 +97,7 @@ def epoch(seconds: float) -> datetime:
 
 def _update_current(conn: Connection, params: list[dict[str, Any]]) -> int:
     """Run the current-claim UPDATE once per parameter set; rows changed (one set only)."""
-    result = conn.execute(_UPDATE_CURRENT, params[0] if len(params) == 1 else params)
-    return int(result.rowcount)
+    return _UPDATE_CURRENT.execute(conn, params)
 
 
 def _current(conn: Connection, writes: Sequence[_Lifecycle]) -> set[tuple[str, str]]:
@@ -214,7 +215,7 @@ class Create(Batchable):
             row["request"], large = outputs.split_request(write.request)
             rows.append(row)
             parts += [(write.invocation_id, part) for part in large]
-        conn.execute(_INSERT, rows[0] if len(rows) == 1 else rows)
+        _INSERT.execute(conn, rows)
         if parts:  # rare: a request with large code or stdin
             blobs.insert(conn, parts, now=now)
         return [Invocation(**row) for row in rows]

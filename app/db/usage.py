@@ -37,6 +37,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import Invocation, UsageEvent, UsageRollup
+from app.db.prepared import Prepared
 from wire.messages import PoolUsage
 
 _EVENTS = cast(Table, UsageEvent.__table__)
@@ -53,66 +54,71 @@ PLATFORM = ""
 #: Events rolled up per transaction.
 ROLL_BATCH = 20_000
 
-# One event per stored invocation, copied from its row (one statement per batch).
+# One event per stored invocation, copied from its row.
+_EVENT_COLUMNS = [
+    "occurred_at",
+    "tenant_id",
+    "subject",
+    "subject_id",
+    "kind",
+    "runtime",
+    "language",
+    "function_version_id",
+    "node_id",
+    "status",
+    *COSTS,
+    "peak_memory_kb",
+    "instance_seconds",
+    "memory_mb_seconds",
+    "stored_gb_seconds",
+    *COUNTS,
+    "rolled",
+]
+_EVENT_OF_ROW = select(
+    _INV.c.finished_at,
+    _INV.c.tenant_id,
+    literal("invocation"),
+    _INV.c.id,
+    _INV.c.kind,
+    _INV.c.runtime,
+    _INV.c.language,
+    _INV.c.function_version_id,
+    _INV.c.node_id,
+    _INV.c.status,
+    *(func.coalesce(_INV.c[name], 0.0) for name in COSTS),
+    _INV.c.peak_memory_kb,
+    # the instance (a jail, a wasm instance) the call held: from its setup to its
+    # teardown, so a call that started its own jail pays for that start
+    (
+        func.coalesce(_INV.c.setup_ms, 0.0)
+        + func.coalesce(_INV.c.exec_ms, 0.0)
+        + func.coalesce(_INV.c.teardown_ms, 0.0)
+    )
+    / 1000.0,
+    # the call's memory held for its run: its peak, for as long as it ran
+    func.coalesce(_INV.c.peak_memory_kb, 0) / 1024.0 * func.coalesce(_INV.c.exec_ms, 0.0) / 1000.0,
+    literal(0.0),
+    func.coalesce(_INV.c.bytes_in, 0),
+    func.coalesce(_INV.c.bytes_out, 0),
+    _INV.c.attempts - 1,
+    false(),
+)
+# one statement per batch; a lone row's (the common case at low load) prepared
 _FROM_ROWS = insert(_EVENTS).from_select(
-    [
-        "occurred_at",
-        "tenant_id",
-        "subject",
-        "subject_id",
-        "kind",
-        "runtime",
-        "language",
-        "function_version_id",
-        "node_id",
-        "status",
-        *COSTS,
-        "peak_memory_kb",
-        "instance_seconds",
-        "memory_mb_seconds",
-        "stored_gb_seconds",
-        *COUNTS,
-        "rolled",
-    ],
-    select(
-        _INV.c.finished_at,
-        _INV.c.tenant_id,
-        literal("invocation"),
-        _INV.c.id,
-        _INV.c.kind,
-        _INV.c.runtime,
-        _INV.c.language,
-        _INV.c.function_version_id,
-        _INV.c.node_id,
-        _INV.c.status,
-        *(func.coalesce(_INV.c[name], 0.0) for name in COSTS),
-        _INV.c.peak_memory_kb,
-        # the instance (a jail, a wasm instance) the call held: from its setup to its
-        # teardown, so a call that started its own jail pays for that start
-        (
-            func.coalesce(_INV.c.setup_ms, 0.0)
-            + func.coalesce(_INV.c.exec_ms, 0.0)
-            + func.coalesce(_INV.c.teardown_ms, 0.0)
-        )
-        / 1000.0,
-        # the call's memory held for its run: its peak, for as long as it ran
-        func.coalesce(_INV.c.peak_memory_kb, 0)
-        / 1024.0
-        * func.coalesce(_INV.c.exec_ms, 0.0)
-        / 1000.0,
-        literal(0.0),
-        func.coalesce(_INV.c.bytes_in, 0),
-        func.coalesce(_INV.c.bytes_out, 0),
-        _INV.c.attempts - 1,
-        false(),
-    ).where(_INV.c.id.in_(bindparam("ids", expanding=True))),
+    _EVENT_COLUMNS, _EVENT_OF_ROW.where(_INV.c.id.in_(bindparam("ids", expanding=True)))
+)
+_FROM_ROW = Prepared(
+    insert(_EVENTS).from_select(_EVENT_COLUMNS, _EVENT_OF_ROW.where(_INV.c.id == bindparam("id")))
 )
 
 
 def record_invocations(conn: Connection, ids: Sequence[str]) -> None:
     """Append the usage events of invocations just stored as final (inside the
     lifecycle's batch: a synchronous connection, ``app.db.transactions``)."""
-    conn.execute(_FROM_ROWS, {"ids": list(ids)})
+    if len(ids) == 1:
+        _FROM_ROW.execute(conn, [{"id": ids[0]}])
+    else:
+        conn.execute(_FROM_ROWS, {"ids": list(ids)})
 
 
 async def record_pool_usage(session: AsyncSession, events: Sequence[PoolUsage]) -> None:
