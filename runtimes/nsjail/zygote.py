@@ -37,7 +37,9 @@ message is a 4-byte big-endian length followed by that many bytes of UTF-8 JSON.
 End of input makes the zygote exit. Being PID 1 of the jail's PID namespace, it cannot be
 killed by the code it runs (the kernel drops signals to a namespace init that has no
 handler) and it adopts every orphan. The template can be killed by the code (same uid);
-PID 1 notices and reports the clean-up as failed, and the host replaces the jail.
+PID 1 notices (after each call the template must answer it, through a fork or a ping: a
+SIGKILL not yet delivered leaves the process alive, but it cannot answer) and reports the
+clean-up as failed, and the host replaces the jail.
 
 The status pipe (fd 3 of a spare) reports a failure to start a stage (``X``). It is
 close-on-exec, and the Python path closes it before the code runs: user code never holds
@@ -533,6 +535,20 @@ class Template:
         """The pids a kill-all must spare: the template's, while it lives."""
         return frozenset((self.pid,)) if self.alive() else frozenset()
 
+    def check(self, timeout: float = TEMPLATE_REPLY_S) -> None:
+        """Raise ``TemplateGone`` unless the template answers within ``timeout`` (resumed
+        first: the code may have stopped it)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGCONT)
+        try:
+            self.sock.send(b"ping")
+            ready, _, _ = select.select([self.sock], [], [], timeout)
+            reply = self.sock.recv(256) if ready else None
+        except OSError as exc:
+            raise TemplateGone(f"the template process is gone: {exc}") from exc
+        if reply != b"pong":
+            raise TemplateGone(f"the template process did not answer ({reply!r})")
+
     def fork_spare(self, fds: list[int]) -> int:
         """A new spare holding ``fds`` (the child's ends of its pipes): its pid. The spare
         is PID 1's child by the time this returns."""
@@ -572,6 +588,11 @@ def _template_main(sock: socket.socket) -> NoReturn:
             os._exit(71)
         if not message:
             os._exit(0)  # PID 1 is gone
+        if message == b"ping":
+            for fd in fds:
+                os.close(fd)
+            sock.send(b"pong")
+            continue
         try:
             reply = f"pid {_fork_spare(fds, keep)}"
         except OSError as exc:
@@ -1056,8 +1077,14 @@ def main() -> None:
                 raise TemplateGone("the template process is gone (killed by the code?)")
             if cpu_fd is None:
                 # the host reads the cgroup around the next call's stages: fork its
-                # process now, so that the fork's CPU time is nobody's
+                # process now, so that the fork's CPU time is nobody's (and a fork
+                # through the template is answered only by a living one)
                 spare = Spare(template)
+            else:
+                # a SIGKILL the code sent may not have been delivered yet (the template
+                # not scheduled since, on a busy machine): ``alive`` can still say yes.
+                # An answer can not: the signal is delivered before the template runs.
+                template.check()
         except Exception as exc:
             sys.stderr.write(f"zygote: cleanup after {invocation} failed: {exc}\n")
             ok = False
