@@ -15,6 +15,11 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError, TimeoutError
 
 RETRIES = 6
+#: Connections one process may open. redis-py's default, 100, is fewer than one batch of
+#: calls (verl sends 100 cases at once, each its own commands) and what the background
+#: tasks hold: the pool raised MaxConnectionsError, a 503 to a valid batch (CI,
+#: 2026-12-02). Redis itself accepts 10,000 clients.
+MAX_CONNECTIONS = 1024
 
 
 def connect(url: str) -> Redis:
@@ -24,4 +29,5 @@ def connect(url: str) -> Redis:
         retry=Retry(ExponentialBackoff(cap=1.0, base=0.02), RETRIES),
         retry_on_error=[ConnectionError, TimeoutError],
         health_check_interval=30,
+        max_connections=MAX_CONNECTIONS,
     )
