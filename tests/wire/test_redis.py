@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from wire.redis import MAX_CONNECTIONS, connect
+from wire.redis import connect
 
 pytestmark = pytest.mark.redis
 
@@ -22,4 +22,3 @@ async def test_a_batch_of_concurrent_commands_is_not_refused_a_connection(
     finally:
         await client.aclose()
     assert pongs == [True] * 300
-    assert MAX_CONNECTIONS >= 300
