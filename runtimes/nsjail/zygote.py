@@ -14,11 +14,12 @@ Three kinds of process run this code in a jail:
   holds earlier calls' code, input and output: nothing is ever forked from it after
   start-up.
 * The **template** is forked by PID 1 at start-up, before any request is read, and
-  never receives a byte of one. On PID 1's request it forks a spare, through a courier
-  process that exits at once, so the spare is PID 1's child (PID 1 waits for it, and
-  ``getppid()`` is 1) and the template never learns anything of a call, not even its exit
-  status. Every call therefore starts from the same pristine image: the interpreter and
-  the pre-imported modules.
+  never receives a byte of one. On PID 1's request it forks a spare as PID 1's child
+  (``clone(CLONE_PARENT)``, see ``SiblingFork``; where that is not available, through a
+  courier process that exits at once), so PID 1 waits for it, ``getppid()`` is 1, and the
+  template never learns anything of a call, not even its exit status. Every call
+  therefore starts from the same pristine image: the interpreter and the pre-imported
+  modules.
 * A **spare** holds the child's ends of its pipes and blocks until PID 1 writes its
   stage to it; then it sets itself up (session, descriptors, rlimits) and runs the
   Python code in its already-initialised interpreter, or execs the toolchain.
@@ -115,6 +116,17 @@ PREIMPORT = (
 PR_SET_DUMPABLE = 4
 IPC_RMID = 0
 _LIBC: Any = None
+#: clone(2) flags of a spare: its parent is the caller's (the template's parent, PID 1),
+#: and the kernel writes the child's thread id into glibc's descriptor of its thread,
+#: as glibc's own fork() has it do
+CLONE_PARENT = 0x00008000
+CLONE_CHILD_SETTID = 0x01000000
+CLONE_CHILD_CLEARTID = 0x00200000
+SIGCHLD = 17
+#: x86-64 only: clone's syscall number, and where glibc keeps a thread's id in its
+#: thread descriptor (``struct pthread``); checked against the running thread before use
+SYS_CLONE_X86_64 = 56
+GLIBC_TID_OFFSET_X86_64 = 0x2D0
 
 
 class InputError(Exception):
@@ -581,6 +593,7 @@ def _template_main(sock: socket.socket) -> NoReturn:
         if signum not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
             with contextlib.suppress(OSError, ValueError):
                 signal.signal(signum, signal.SIG_IGN)
+    sibling = _sibling_fork()
     while True:
         try:
             message, fds, _, _ = socket.recv_fds(sock, 64, 8)
@@ -594,7 +607,7 @@ def _template_main(sock: socket.socket) -> NoReturn:
             sock.send(b"pong")
             continue
         try:
-            reply = f"pid {_fork_spare(fds, keep)}"
+            reply = f"pid {_fork_spare(fds, keep, sibling)}"
         except OSError as exc:
             reply = f"cannot fork a spare: {exc}"
         finally:
@@ -603,8 +616,95 @@ def _template_main(sock: socket.socket) -> NoReturn:
         sock.send(reply.encode())
 
 
-def _fork_spare(fds: list[int], sock_fd: int) -> int:
-    """Fork a courier that forks the spare and exits: the orphaned spare goes to PID 1."""
+class SiblingFork:
+    """``fork()`` whose child is the caller's sibling: ``clone(CLONE_PARENT)`` through
+    ``ctypes``, with the interpreter's own fork hooks around it.
+
+    Python's ``os.fork`` takes no clone flags, and the spare must be PID 1's child. Without
+    this the template forks a courier that forks the spare and exits; every fork and exit
+    of a CPython image costs about its resident size in page-table work (1.8 ms for the
+    template's 23 MB on this machine's nested paging, against 0.17 ms for a small C
+    program: docs/benchmarks.md), so the courier doubled the cost of each call's process.
+
+    What it does is what ``os.fork`` does (``PyOS_BeforeFork``, the system call with the
+    interpreter lock held, ``PyOS_AfterFork_Child`` / ``_Parent``: the interpreter's
+    locks, threads and ``os.register_at_fork`` hooks, ``random``'s reseed among them),
+    with the system call glibc's ``fork()`` makes (``CLONE_CHILD_SETTID`` and
+    ``CLONE_CHILD_CLEARTID`` on the thread descriptor's id, so ``pthread_kill`` and
+    ``pthread_join`` in the child see its own id), plus ``CLONE_PARENT``. What glibc's
+    ``fork()`` also does and this does not: run the ``pthread_atfork`` handlers of C
+    libraries the template loaded, and register the child's robust-futex list; the
+    template is single-threaded and the zygote loads no library that relies on either
+    for correctness (OpenSSL's random generator reseeds on a changed pid).
+
+    ``available()`` is None unless this is x86-64 and the thread descriptor holds the
+    running thread's id where it is looked for; the template then uses the courier.
+    """
+
+    def __init__(self) -> None:
+        import ctypes
+        import threading
+
+        self._ctypes = ctypes
+        self._api = ctypes.pythonapi
+        for name in ("PyOS_BeforeFork", "PyOS_AfterFork_Child", "PyOS_AfterFork_Parent"):
+            getattr(self._api, name).restype = None
+            getattr(self._api, name).argtypes = []
+        # PyDLL: the interpreter lock stays held across the call, as in os.fork
+        libc = ctypes.PyDLL(None, use_errno=True)
+        self._syscall = libc.syscall
+        self._syscall.restype = ctypes.c_long
+        self._syscall.argtypes = [
+            ctypes.c_long, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong
+        ]  # fmt: skip
+        self.tid_address = 0
+        if os.uname().machine != "x86_64":
+            return
+        pthread_self = libc.pthread_self
+        pthread_self.restype = ctypes.c_ulong
+        address = int(pthread_self()) + GLIBC_TID_OFFSET_X86_64
+        if ctypes.c_int.from_address(address).value == threading.get_native_id():
+            self.tid_address = address
+
+    def available(self) -> bool:
+        return bool(self.tid_address)
+
+    def fork(self) -> int:
+        """0 in the child, the child's pid in the caller; OSError if the kernel refused."""
+        flags = CLONE_PARENT | CLONE_CHILD_SETTID | CLONE_CHILD_CLEARTID | SIGCHLD
+        self._api.PyOS_BeforeFork()
+        pid = self._syscall(SYS_CLONE_X86_64, flags, 0, 0, self.tid_address)
+        if pid == 0:
+            self._api.PyOS_AfterFork_Child()
+            return 0
+        err = self._ctypes.get_errno()
+        self._api.PyOS_AfterFork_Parent()
+        if pid < 0:
+            raise OSError(err, f"clone(CLONE_PARENT): {os.strerror(err)}")
+        return int(pid)
+
+
+def _sibling_fork() -> SiblingFork | None:
+    try:
+        forker = SiblingFork()
+    except (OSError, AttributeError, ImportError) as exc:
+        sys.stderr.write(f"zygote: spares go through a courier: {exc}\n")
+        return None
+    return forker if forker.available() else None
+
+
+def _fork_spare(fds: list[int], sock_fd: int, sibling: SiblingFork | None = None) -> int:
+    """Fork the spare as PID 1's child: directly with ``sibling``, else through a courier
+    that forks it and exits (the orphaned spare goes to PID 1)."""
+    if sibling is not None:
+        spare = sibling.fork()
+        if spare == 0:
+            try:
+                os.close(sock_fd)
+                _spare_main(fds)
+            finally:
+                os._exit(126)
+        return spare
     r, w = os.pipe()
     try:
         courier = os.fork()

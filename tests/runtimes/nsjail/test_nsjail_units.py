@@ -324,3 +324,25 @@ def test_a_killed_template_not_yet_scheduled_fails_the_check(frozen_group: Path)
     finally:
         template.sock.close()
         os.close(template.pidfd)
+
+
+def test_the_template_forks_a_spare_as_its_callers_child() -> None:
+    """The spare is the caller's child (in a jail, PID 1's), forked by the template
+    directly (``SiblingFork``): here the caller is the test process, which can wait for it.
+    Through a courier, the orphaned spare would go to the host's init instead."""
+    assert zygote.SiblingFork().available()  # x86-64 with glibc: the direct fork is used
+    template = zygote.Template()
+    spare = None
+    try:
+        spare = zygote.Spare(template)
+        assert os.waitpid(spare.pid, os.WNOHANG) == (0, 0)  # ours, waiting for its stage
+        stat = Path(f"/proc/{spare.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        assert int(stat[1]) == os.getpid()  # its parent
+    finally:
+        if spare is not None:
+            spare.discard()
+        template.sock.close()  # the template exits at the end of its input
+        os.waitpid(template.pid, 0)
+        os.close(template.pidfd)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(spare.pid, os.WNOHANG)  # reaped by discard()

@@ -5,6 +5,7 @@ wall it checks was built."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import secrets
 from collections.abc import Callable, Coroutine
@@ -235,6 +236,39 @@ async def test_a_stopped_or_killed_template_costs_only_the_jail(
     assert fresh.error is None and fresh.run.ok
     assert hostname_of(fresh.run.stdout) != hostname_of(before.run.stdout)
     await still_works(runtime, tenant="tenant-tpl")
+
+
+async def test_each_call_is_one_process_forked_as_pid1s_child(
+    run: RunFn, runtime: NsjailRuntime
+) -> None:
+    # the template forks each call's process straight as PID 1's child (clone with
+    # CLONE_PARENT, ``zygote.SiblingFork``), not through a courier that forks it and
+    # exits: that was one more fork and exit of the interpreter per call. The pids of a
+    # jail's calls show it: one process per call, and here one thread (which also
+    # checks that glibc's thread descriptor holds the process's own id: pthread_kill
+    # of the main thread from another thread finds it)
+    code = (
+        "import os, signal, socket, threading\n"
+        "got = []\n"
+        "signal.signal(signal.SIGUSR1, lambda *a: got.append(1))\n"
+        "main = threading.main_thread().ident\n"
+        "t = threading.Thread(target=signal.pthread_kill, args=(main, signal.SIGUSR1))\n"
+        "t.start()\n"
+        "t.join()\n"
+        "print(os.getpid(), os.getppid(), got)\n"
+        "print(socket.gethostname())\n"
+    )
+    seen = []
+    for _ in range(4):
+        result = await run(runtime, code, tenant="tenant-sibling")
+        assert result.run.ok, result.run
+        line, host = result.run.stdout.splitlines()
+        pid, ppid, got = line.split(" ", 2)
+        assert (ppid, got) == ("1", "[1]")
+        seen.append((host, int(pid)))
+    pairs = [(a[1], b[1]) for a, b in itertools.pairwise(seen) if a[0] == b[0]]
+    assert pairs, seen  # one warm jail served the tenant's calls one after another
+    assert all(b - a == 2 for a, b in pairs), seen  # the call's process and its thread
 
 
 # --- the status channel (finding 12) -------------------------------------------------
