@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 from pathlib import Path
 from typing import Protocol
 
@@ -43,6 +44,8 @@ class JailCgroup(Protocol):
 
     def cpu_usage_ns(self) -> int | None: ...
 
+    def open_files(self) -> int: ...
+
     def remove(self) -> None: ...
 
 
@@ -51,23 +54,78 @@ def write(path: Path, value: str) -> None:
         f.write(value)
 
 
-def _read_counter(path: Path, key: str) -> int | None:
-    try:
-        with open(path) as f:
-            for line in f:
-                name, _, value = line.partition(" ")
-                if name == key:
-                    return int(value)
-    except (OSError, ValueError):
-        return None
-    return None
-
-
 def _read_int(path: Path) -> int | None:
     try:
         return int(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+class ControlFiles:
+    """One group's control files, each opened on first use and kept until ``close``.
+
+    A call reads and writes half a dozen of them (the peak reset, the OOM-kill counter
+    and the CPU counter, before and after it). Opened by path every time, with the
+    path built each time, they were 18 % of a busy node's main thread at concurrency
+    32 (docs/benchmarks.md); each is now one ``pread``/``pwrite`` at offset 0, which the
+    kernel answers afresh like a new open's first read. A descriptor whose use failed
+    is closed, so the next use opens the file again.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._fds: dict[tuple[str, int], int] = {}
+
+    def _fd(self, name: str, flags: int) -> int:
+        fd = self._fds.get((name, flags))
+        if fd is None:
+            fd = os.open(self.directory / name, flags | os.O_CLOEXEC)
+            self._fds[name, flags] = fd
+        return fd
+
+    def _drop(self, name: str, flags: int) -> None:
+        fd = self._fds.pop((name, flags), None)
+        if fd is not None:
+            os.close(fd)
+
+    def read(self, name: str) -> str:
+        try:
+            return os.pread(self._fd(name, os.O_RDONLY), 4096, 0).decode()
+        except OSError:
+            self._drop(name, os.O_RDONLY)
+            raise
+
+    def write(self, name: str, value: str) -> None:
+        try:
+            os.pwrite(self._fd(name, os.O_WRONLY), value.encode(), 0)
+        except OSError:
+            self._drop(name, os.O_WRONLY)
+            raise
+
+    def read_int(self, name: str) -> int | None:
+        try:
+            return int(self.read(name))
+        except (OSError, ValueError):
+            return None
+
+    def read_counter(self, name: str, key: str) -> int | None:
+        """The value of ``key`` in a flat-keyed file (``memory.events``, ``cpu.stat``)."""
+        try:
+            for line in self.read(name).splitlines():
+                field, _, value = line.partition(" ")
+                if field == key:
+                    return int(value)
+        except (OSError, ValueError):
+            return None
+        return None
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def open_count(self) -> int:
+        return len(self._fds)
 
 
 def rmdir(path: Path | None) -> None:
@@ -91,6 +149,9 @@ class V1JailCgroup:
         self.pids = pids
         self.cpu = cpu
         self.cpuacct = cpuacct
+        self._memory_files = ControlFiles(memory)
+        self._pids_files = ControlFiles(pids)
+        self._cpuacct_files = ControlFiles(cpuacct) if cpuacct is not None else None
         self._memory_bytes: int | None = None
         self._pids: int | None = None
         self._memsw = False
@@ -128,23 +189,23 @@ class V1JailCgroup:
             if memory_bytes != self._memory_bytes:
                 current = self._memory_bytes
                 if current is None:  # a new group, or unknown after a failed write
-                    current = int((self.memory / "memory.limit_in_bytes").read_text())
+                    current = int(self._memory_files.read("memory.limit_in_bytes"))
                 # v1 keeps limit <= memsw limit: raise memsw first, lower it last
                 order = ("memory.memsw.limit_in_bytes", "memory.limit_in_bytes")
                 for name in order if memory_bytes > current else reversed(order):
                     if name.startswith("memory.memsw") and not self._memsw:
                         continue
-                    write(self.memory / name, str(memory_bytes))
+                    self._memory_files.write(name, str(memory_bytes))
                 self._memory_bytes = memory_bytes
             if pids != self._pids:
-                write(self.pids / "pids.max", str(pids))
+                self._pids_files.write("pids.max", str(pids))
                 self._pids = pids
         except (OSError, ValueError) as exc:
             self._memory_bytes = self._pids = None
             raise CgroupError(f"cannot set limits on {self.memory}: {exc}") from exc
 
     def oom_kills(self) -> int | None:
-        return _read_counter(self.memory / "memory.oom_control", "oom_kill")
+        return self._memory_files.read_counter("memory.oom_control", "oom_kill")
 
     def mark_peak(self) -> None:
         """Start watching for the jail reaching its own memory limit (``reached_limit``):
@@ -154,7 +215,7 @@ class V1JailCgroup:
             if name.startswith("memory.memsw") and not self._memsw:
                 continue
             try:
-                write(self.memory / name, "0")
+                self._memory_files.write(name, "0")
             except OSError:
                 logger.warning("cannot reset %s of %s", name, self.memory)
 
@@ -167,8 +228,8 @@ class V1JailCgroup:
             pairs.append(("memory.memsw.max_usage_in_bytes", "memory.memsw.limit_in_bytes"))
         known = False
         for peak_name, limit_name in pairs:
-            peak = _read_int(self.memory / peak_name)
-            limit = _read_int(self.memory / limit_name)
+            peak = self._memory_files.read_int(peak_name)
+            limit = self._memory_files.read_int(limit_name)
             if peak is None or limit is None:
                 continue
             known = True
@@ -178,7 +239,7 @@ class V1JailCgroup:
 
     def memory_bytes(self) -> int | None:
         """Memory the jail uses now (tmpfs pages included)."""
-        return _read_int(self.memory / "memory.usage_in_bytes")
+        return self._memory_files.read_int("memory.usage_in_bytes")
 
     @property
     def cpu_counter(self) -> Path | None:
@@ -187,11 +248,19 @@ class V1JailCgroup:
 
     def cpu_usage_ns(self) -> int | None:
         """CPU time every process of the jail ever used (``cpuacct.usage``)."""
-        if self.cpu_counter is None:
+        if self._cpuacct_files is None:
             return None
-        return _read_int(self.cpu_counter)
+        return self._cpuacct_files.read_int("cpuacct.usage")
+
+    def open_files(self) -> int:
+        """Control files held open (all closed by ``remove``)."""
+        files = (self._memory_files, self._pids_files, self._cpuacct_files)
+        return sum(f.open_count() for f in files if f is not None)
 
     def remove(self) -> None:
+        for files in (self._memory_files, self._pids_files, self._cpuacct_files):
+            if files is not None:
+                files.close()
         for group in self.groups:
             rmdir(group)
 
@@ -199,6 +268,7 @@ class V1JailCgroup:
 class V2JailCgroup:
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._files = ControlFiles(path)
         self._memory_bytes: int | None = None
         self._pids: int | None = None
         self._max_events: int | None = None
@@ -217,43 +287,48 @@ class V2JailCgroup:
     def set_limits(self, *, memory_bytes: int, pids: int) -> None:
         try:
             if memory_bytes != self._memory_bytes:
-                write(self.path / "memory.max", str(memory_bytes))
+                self._files.write("memory.max", str(memory_bytes))
                 try:
-                    write(self.path / "memory.swap.max", "0")
+                    self._files.write("memory.swap.max", "0")
                 except OSError as exc:
                     if exc.errno != errno.ENOENT:
                         raise
                 self._memory_bytes = memory_bytes
             if pids != self._pids:
-                write(self.path / "pids.max", str(pids))
+                self._files.write("pids.max", str(pids))
                 self._pids = pids
         except OSError as exc:
             self._memory_bytes = self._pids = None
             raise CgroupError(f"cannot set limits on {self.path}: {exc}") from exc
 
     def oom_kills(self) -> int | None:
-        return _read_counter(self.path / "memory.events", "oom_kill")
+        return self._files.read_counter("memory.events", "oom_kill")
 
     def mark_peak(self) -> None:
-        self._max_events = _read_counter(self.path / "memory.events", "max")
+        self._max_events = self._files.read_counter("memory.events", "max")
 
     def reached_limit(self) -> bool | None:
         """Whether ``memory.max`` was reached since ``mark_peak`` (``memory.events``)."""
-        count = _read_counter(self.path / "memory.events", "max")
+        count = self._files.read_counter("memory.events", "max")
         if count is None or self._max_events is None:
             return None
         return count > self._max_events
 
     def memory_bytes(self) -> int | None:
         """Memory the jail uses now (tmpfs pages included)."""
-        return _read_int(self.path / "memory.current")
+        return self._files.read_int("memory.current")
 
     def cpu_usage_ns(self) -> int | None:
         """CPU time every process of the jail ever used (``cpu.stat`` usage_usec)."""
-        usec = _read_counter(self.path / "cpu.stat", "usage_usec")
+        usec = self._files.read_counter("cpu.stat", "usage_usec")
         return usec * 1000 if usec is not None else None
 
+    def open_files(self) -> int:
+        """Control files held open (all closed by ``remove``)."""
+        return self._files.open_count()
+
     def remove(self) -> None:
+        self._files.close()
         rmdir(self.path)
 
 
