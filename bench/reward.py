@@ -9,6 +9,8 @@ unless ``--url`` names a running server. Baselines in the same run, same program
 concurrency: a plain ``python3 -c`` subprocess per program (SandboxFusion's isolation-free
 mode) and a fresh one-shot nsjail jail per program (``bench/fncall.py``'s flags). Prints
 one JSON document with programs per second, latency and the ratio to each baseline.
+``corral`` is a batch measured after a first batch at the same concurrency (the pool
+filled, as in a training run's steady state); ``corral_first_batch`` is that first one.
 
     .venv/bin/python bench/reward.py --programs 500 --concurrency 32
 """
@@ -205,7 +207,15 @@ def main() -> None:
             server = Server(args.slots, "nsjail")
             server.wait_ready()
             url, key = server.url, server.tenant_key()
-        asyncio.run(through_corral(url, key, work[:64], 8))  # warm-up: pools sized to demand
+        # The first batch at the measured concurrency fills the tenant's pool (a jail
+        # serves one call at a time: up to one per call in flight, each started once);
+        # a trainer scores batch after batch, so the figure is the next batch's, with
+        # the first one reported beside it. (Until 2026-12-02 the warm-up ran at
+        # concurrency 8, so the measured batch also paid for starting some 24 jails.)
+        first = work[: 4 * args.concurrency]
+        result["corral_first_batch"] = asyncio.run(
+            through_corral(url, key, first, args.concurrency)
+        )
         result["corral"] = asyncio.run(through_corral(url, key, work, args.concurrency))
     finally:
         if server is not None:
