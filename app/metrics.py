@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -56,10 +57,25 @@ class Metrics:
         self._gauges = _Gauges()
         self.registry.register(self._gauges)
         self._others: list[CollectorRegistry] = []
+        # labelled children by their labels: ``labels()`` takes a lock and builds its key
+        # on every call, and the request path counts three series per call (bounded: the
+        # routes are templates, the statuses and kinds few)
+        self._children: dict[tuple[Any, ...], Any] = {}
+
+    def _child(self, metric: Any, *values: str) -> Any:
+        key = (id(metric), *values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
-        self.requests.labels(method, route, str(status)).inc()
-        self.latency.labels(method, route).observe(seconds)
+        self._child(self.requests, method, route, str(status)).inc()
+        self._child(self.latency, method, route).observe(seconds)
+
+    def count_invocation(self, kind: str, status: str) -> None:
+        """An invocation answered, by kind and final status."""
+        self._child(self.invocations, kind, status).inc()
 
     def gauge(self, name: str, doc: str, source: GaugeSource, label: str) -> None:
         """Register a gauge family read from ``source()`` at scrape time."""

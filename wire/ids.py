@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-import secrets
+import os
+
+# ``os.urandom`` directly: what ``secrets.token_hex`` reads too, without its two layers of
+# Python (``SystemRandom.randbytes``), which were 2 % of a busy gateway's event loop.
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(10)}"
+    return f"{prefix}_{os.urandom(10).hex()}"
 
 
 def new_claim() -> str:
     """A fencing token: issued by the control plane each time it hands out an execution."""
-    return secrets.token_hex(8)
+    return os.urandom(8).hex()

@@ -144,6 +144,10 @@ class SQLiteTransactions:
     ) -> None:
         self._loop_engine = loop_engine
         self._thread_engine = thread_engine
+        # one connection each, kept: a pool checkout and its reset per commit were 15 %
+        # of the writer thread's time at concurrency 32 (docs/benchmarks.md)
+        self._loop_conn = _KeptConnection(loop_engine)
+        self._thread_conn = _KeptConnection(thread_engine)
         self._fallback = fallback
         self._checkpoint_every = checkpoint_every
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="corral-sqlite-writer")
@@ -160,7 +164,7 @@ class SQLiteTransactions:
         checkpoint = self._since_checkpoint >= self._checkpoint_every
         if len(ops) == 1 and not checkpoint:
             try:
-                results = _commit(self._loop_engine, ops)
+                results = self._loop_conn.commit(ops)
             except OperationalError as exc:
                 if not _is_busy(exc):
                     raise
@@ -176,14 +180,13 @@ class SQLiteTransactions:
         return results
 
     def _commit_in_thread(self, ops: Sequence[Write], checkpoint: bool) -> list[Any]:
-        results = _commit(self._thread_engine, ops)
+        results = self._thread_conn.commit(ops)
         if checkpoint:
             # after the commit and before the next one, so the next writer finds the log
             # all copied back and starts it again from its beginning
             try:
-                with self._thread_engine.connect() as conn:
-                    conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
-            except OperationalError as exc:
+                self._thread_conn.checkpoint()
+            except (OperationalError, sqlite3.Error) as exc:
                 log.warning("sqlite writer: checkpoint failed: %r", exc)
         return results
 
@@ -194,16 +197,49 @@ class SQLiteTransactions:
         if self._closed:
             return
         self._closed = True
+        self._loop_conn.close()
         self._loop_engine.dispose()
         # The thread's connection belongs to the thread: it is closed there.
         loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._thread, self._thread_conn.close)
         await loop.run_in_executor(self._thread, self._thread_engine.dispose)
         self._thread.shutdown(wait=True)
 
 
-def _commit(engine: Engine, ops: Sequence[Write]) -> list[Any]:
-    with engine.begin() as conn:
-        return apply_batchables(conn, ops)
+class _KeptConnection:
+    """A connection of a one-connection engine, opened on first use and kept between
+    commits, used by one thread only. Each batch is its own transaction (rolled back if
+    it fails); a connection the failure left invalid or closed is dropped, and the next
+    batch opens a new one."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._conn: Connection | None = None
+
+    def commit(self, ops: Sequence[Write]) -> list[Any]:
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = self._engine.connect()
+        try:
+            with conn.begin():
+                return apply_batchables(conn, ops)
+        except BaseException:
+            if conn.invalidated or conn.closed:
+                self.close()
+            raise
+
+    def checkpoint(self) -> None:
+        """A passive checkpoint of the write-ahead log (outside any transaction)."""
+        if self._conn is None:
+            self._conn = self._engine.connect()
+        driver = self._conn.connection.driver_connection
+        assert driver is not None
+        driver.execute("PRAGMA wal_checkpoint(PASSIVE)").close()
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
 
 
 def _is_busy(exc: OperationalError) -> bool:

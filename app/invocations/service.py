@@ -258,7 +258,7 @@ class Invocations:
         try:
             outcome = await self._waiters.wait(row.id, timeout)
             if outcome is not None:
-                self._metrics.invocations.labels(row.kind, str(outcome.get("status"))).inc()
+                self._metrics.count_invocation(row.kind, str(outcome.get("status")))
             else:
                 log.info("inv=%s (async): not stored within %.0fs", row.id, timeout)
         except Exception:
@@ -272,7 +272,7 @@ class Invocations:
         if outcome is not None:
             for column, value in outcome.items():
                 setattr(row, column, value)
-            self._metrics.invocations.labels(row.kind, row.status).inc()
+            self._metrics.count_invocation(row.kind, row.status)
             return row
         try:
             async with self._sessions() as session:
@@ -294,7 +294,7 @@ class Invocations:
                 f"invocation {row.id} did not finish in time; poll /v1/invocations/{row.id}",
                 details={"invocation_id": row.id},
             )
-        self._metrics.invocations.labels(stored.kind, stored.status).inc()
+        self._metrics.count_invocation(stored.kind, stored.status)
         return stored
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, event, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -299,3 +299,46 @@ def test_an_in_memory_or_server_database_commits_in_sessions() -> None:
     assert isinstance(
         transactions_for("postgresql+asyncpg://u@h/db", sessions), SessionTransactions
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Sever(Batchable):
+    """Closes the driver connection under SQLAlchemy, then writes: a lost connection."""
+
+    stage: ClassVar[int] = 0
+
+    @classmethod
+    def run_many(cls, conn: Connection, writes: Sequence[Sever]) -> list[Any]:
+        driver = conn.connection.driver_connection
+        assert driver is not None
+        driver.close()
+        conn.execute(text("INSERT INTO t (n) VALUES (-1)"))
+        return [None for _ in writes]
+
+
+async def test_the_committers_connections_are_kept_and_a_lost_one_replaced(
+    tmp_path: Path, sessions: async_sessionmaker[Any]
+) -> None:
+    """Each of the two connections is opened once, not checked out per commit; one that
+    a failure left unusable is dropped, and the next batch opens a new one."""
+    transactions = transactions_for(url_of(tmp_path), sessions)
+    assert isinstance(transactions, SQLiteTransactions)
+    checkouts: list[str] = []
+    for name, engine in (
+        ("loop", transactions._loop_engine),
+        ("thread", transactions._thread_engine),
+    ):
+        event.listen(engine, "checkout", lambda *_, name=name: checkouts.append(name))
+    try:
+        for n in range(5):  # lone writes: on the loop
+            assert await transactions.run([Put(n)]) == [n]
+        assert await transactions.run([Put(10), Put(11)]) == [10, 11]  # a batch: the thread
+        assert await transactions.run([Put(12), Put(13)]) == [12, 13]
+        assert checkouts == ["loop", "thread"]
+        with pytest.raises(Exception, match="closed database"):
+            await transactions.run([Sever()])  # lone: on the loop's connection
+        assert await transactions.run([Put(20)]) == [20]  # a new connection
+        assert checkouts == ["loop", "thread", "loop"]
+    finally:
+        await transactions.close()
+    assert await rows(sessions) == [0, 1, 2, 3, 4, 10, 11, 12, 13, 20]
