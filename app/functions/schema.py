@@ -4,10 +4,15 @@ before every invocation, so bad input never reaches a node.
 Registration (``check_schema``) refuses what cannot be validated within bounds
 (``app.functions.bounds``). Validation (``validate_inputs``) uses ``InputValidator``
 (``app.functions.validator``: RE2 patterns, every check charged to one ``Budget`` per
-request) in a worker thread, off the event loop; its work is bounded by the budget, and a
-recursion past the interpreter's limit ends it like a spent budget. Validations run on
-``Validators``' own ``WORKERS`` threads, so however many requests validate at once, the
-event loop keeps its share of the interpreter.
+request); its work is bounded by the budget, and a recursion past the interpreter's limit
+ends it like a spent budget. A validation starts on the event loop with a small budget
+(``INLINE_UNITS``, a millisecond or so at most) when the version's validator is built
+already: most inputs need a few units, and handing them to a thread and back cost more
+than the check (two thread wake-ups per call, each far longer than validating a small
+input on this machine). One that spends that budget or recurses deeply is validated
+again from the start on ``Validators``' own ``WORKERS`` threads, with the request's whole
+budget, so however many requests validate at once the event loop keeps its share of the
+interpreter; so is the first one of a version (building its validator).
 
 Validators are built once per function version (versions are immutable), after the
 schema is checked against today's bounds again (a version registered before them is
@@ -45,6 +50,12 @@ MAX_COLLECTED = 100
 MAX_MESSAGE_CHARS = 500
 #: Threads that validate inputs (per process).
 WORKERS = 2
+#: The budget of a validation's first attempt, on the event loop.
+INLINE_UNITS = 500
+
+
+class _OffTheLoop(Exception):
+    """The attempt on the event loop gave up: validate in a thread instead."""
 
 
 def check_schema(schema: dict[str, Any]) -> None:
@@ -76,6 +87,14 @@ class Validators:
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+    def built(self, version_id: str) -> Compiled | None:
+        """The version's validator if it is built already (never builds it)."""
+        with self._lock:
+            compiled = self._cache.get(version_id)
+            if compiled is not None:
+                self._cache.move_to_end(version_id)
+            return compiled
 
     def get(self, version_id: str, schema: dict[str, Any]) -> Compiled:
         with self._lock:
@@ -114,6 +133,12 @@ async def validate_inputs(
     once the request's budget is spent. Runs on ``validators``' threads."""
     if not schema:
         return [None] * len(values)
+    compiled = validators.built(version_id)
+    if compiled is not None:
+        try:
+            return _validate_with(compiled, version_id, values, inline=True)
+        except _OffTheLoop:
+            pass
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(
         validators.executor, _validate_all, validators, version_id, schema, values
@@ -123,19 +148,34 @@ async def validate_inputs(
 def _validate_all(
     validators: Validators, version_id: str, schema: dict[str, Any], values: list[Any]
 ) -> list[CorralError | None]:
-    compiled = validators.get(version_id, schema)
+    return _validate_with(validators.get(version_id, schema), version_id, values)
+
+
+def _validate_with(
+    compiled: Compiled, version_id: str, values: list[Any], *, inline: bool = False
+) -> list[CorralError | None]:
+    """``inline``: with ``INLINE_UNITS`` only, and ``_OffTheLoop`` rather than an answer
+    when they run out or the validation recurses deeply (the event loop's task already
+    holds more frames than a validator thread does, so where the interpreter's limit
+    falls could differ: the thread's answer is the one given)."""
     if compiled.validator is None:
         return [compiled.refused] * len(values)
-    budget = Budget(schema_sizes=compiled.sizes)
+    budget = Budget(INLINE_UNITS if inline else None, schema_sizes=compiled.sizes)
     outcomes: list[CorralError | None] = []
     with budget.active():
         for value in values:
             try:
                 _validate(compiled.validator, value)
                 outcomes.append(None)
+            except InputTooComplex as exc:  # the budget is spent (an InputValidationFailed)
+                if inline:
+                    raise _OffTheLoop from None
+                outcomes.append(exc)
             except InputValidationFailed as exc:
                 outcomes.append(exc)
             except RecursionError:
+                if inline:
+                    raise _OffTheLoop from None
                 log.warning("function version %s: input validation recursed too deep", version_id)
                 outcomes.append(
                     InputTooComplex(

@@ -225,3 +225,68 @@ def test_a_version_registered_before_the_bounds_is_refused_not_validated_unsafel
         outcome = validate_errors(legacy, "a", "b")
         assert [o.code if o else None for o in outcome] == ["invalid_input_schema"] * 2
         assert outcome[0] is not None and "register a new version" in outcome[0].message
+
+
+def _threads_of_validation(
+    monkeypatch: pytest.MonkeyPatch, schema: dict[str, Any], *requests: list[Any]
+) -> tuple[list[list[str | None]], list[str]]:
+    """Validate each request of ``requests`` in turn with one ``Validators`` (one function
+    version); the answers' codes, and the thread of every value's check."""
+    import threading
+
+    from app.functions import schema as schema_module
+
+    threads: list[str] = []
+    checked = schema_module._validate
+
+    def recording(validator: Any, value: Any) -> None:
+        threads.append(threading.current_thread().name)
+        checked(validator, value)
+
+    monkeypatch.setattr(schema_module, "_validate", recording)
+    validators = schema_module.Validators()
+
+    async def run_all() -> list[list[str | None]]:
+        answers = []
+        for values in requests:
+            outcomes = await schema_module.validate_inputs(validators, "v1", schema, values)
+            answers.append([None if o is None else o.code for o in outcomes])
+        return answers
+
+    try:
+        return asyncio.run(run_all()), threads
+    finally:
+        validators.close()
+
+
+def test_a_small_input_is_checked_on_the_event_loop_once_the_validator_is_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first input of a version builds its validator, in a validator thread; later
+    small ones are checked on the event loop (a thread's round trip cost more)."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    answers, threads = _threads_of_validation(
+        monkeypatch, schema, [{"n": 1}], [{"n": 2}], [{"n": "x"}]
+    )
+    assert answers == [[None], [None], ["input_validation_error"]]
+    assert threads[0].startswith("corral-validate")
+    assert threads[1:] == ["MainThread", "MainThread"]
+
+
+def test_an_input_past_the_loops_budget_is_checked_again_in_a_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One that spends the event loop's small budget is validated again from the start in
+    a thread, with the request's whole budget: the same answer as if it had gone there."""
+    from app.functions import schema as schema_module
+
+    monkeypatch.setattr(schema_module, "INLINE_UNITS", 10)
+    many = ["abcd"] * 20  # two checks of a unit each per value: past 10 units
+    answers, threads = _threads_of_validation(
+        monkeypatch, {"type": "string", "maxLength": 3}, ["ab"], many
+    )
+    assert answers == [[None], ["input_validation_error"] * 20]
+    assert threads[0].startswith("corral-validate")  # building the validator
+    gave_up = threads[1:-20]  # the attempt on the loop, until its budget ran out
+    assert gave_up and set(gave_up) == {"MainThread"} and len(gave_up) < 20
+    assert all(t.startswith("corral-validate") for t in threads[-20:])  # all again
