@@ -51,7 +51,7 @@ MAX_MESSAGE_CHARS = 500
 #: Threads that validate inputs (per process).
 WORKERS = 2
 #: The budget of a validation's first attempt, on the event loop.
-INLINE_UNITS = 500
+INLINE_UNITS = 100
 
 
 class _OffTheLoop(Exception):
