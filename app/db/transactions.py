@@ -144,8 +144,8 @@ class SQLiteTransactions:
     ) -> None:
         self._loop_engine = loop_engine
         self._thread_engine = thread_engine
-        # one connection each, kept: a pool checkout and its reset per commit were 15 %
-        # of the writer thread's time at concurrency 32 (docs/benchmarks.md)
+        # one connection each, kept: checking one out of the pool for every commit was
+        # 15 % of the writer thread's time at concurrency 32 (docs/benchmarks.md)
         self._loop_conn = _KeptConnection(loop_engine)
         self._thread_conn = _KeptConnection(thread_engine)
         self._fallback = fallback
