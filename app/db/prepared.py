@@ -53,10 +53,15 @@ class Prepared:
         self.statement = statement
         self._compiled: dict[tuple[str, ...], _Compiled] = {}
 
+    @staticmethod
+    def on_cursor(conn: Connection) -> bool:
+        """Whether statements on ``conn`` run on the driver's cursor (``sqlite3``)."""
+        return conn.dialect.driver == "pysqlite"
+
     def execute(self, conn: Connection, params: Sequence[Mapping[str, Any]]) -> int:
         """Run the statement once per parameter set (all with the same names); the rows
         it changed."""
-        if conn.dialect.driver != "pysqlite":
+        if not self.on_cursor(conn):
             result = conn.execute(self.statement, params[0] if len(params) == 1 else params)
             return int(result.rowcount)
         keys = tuple(params[0])

@@ -115,7 +115,7 @@ _FROM_ROW = Prepared(
 def record_invocations(conn: Connection, ids: Sequence[str]) -> None:
     """Append the usage events of invocations just stored as final (inside the
     lifecycle's batch: a synchronous connection, ``app.db.transactions``)."""
-    if len(ids) == 1 or conn.dialect.driver == "pysqlite":
+    if len(ids) == 1 or Prepared.on_cursor(conn):
         # on sqlite3's cursor a batch is the one-row statement run for each row (the IN
         # statement's expanding parameter is compiled again for every batch size: 10 % of
         # the SQLite writer thread at concurrency 32); in id order, the order in which the
