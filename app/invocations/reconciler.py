@@ -29,7 +29,8 @@ reason beginning "lost:", once it has had ``max_attempts``; one that never start
 handed out up to ``max_attempts + NEVER_STARTED_EXTRA`` times.
 
 The leader also records what dead gateways left on their results streams (their
-callers are gone, the outcome is not), forgets long-dead gateways and nodes, rolls
+callers are gone, the outcome is not), forgets gateways and nodes that have been dead
+without a break for ``FORGET_AFTER_S`` (one that reports again starts afresh), rolls
 usage events up into hourly rollups and, every ``retention_seconds``, deletes what has
 outlived its retention (``app.invocations.retention``).
 """
@@ -39,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -65,7 +66,8 @@ log = logging.getLogger(__name__)
 NEVER_STARTED_EXTRA = 3
 #: Open invocations judged per pass.
 BATCH = 2000
-#: A dead gateway or node is forgotten (its streams deleted) after this long.
+#: A gateway or node dead this long, every pass in between seeing it dead, is forgotten
+#: (its streams deleted).
 FORGET_AFTER_S = 600.0
 #: Entries of dead gateways' results streams recorded per pass.
 ADOPT_PER_PASS = 20
@@ -139,7 +141,11 @@ class Reconciler:
         self._swept_at = float("-inf")
         self._storage_every_s = storage_every_s
         self._storage_at = float("-inf")
-        self._dead_since: dict[str, float] = {}
+        #: since when each gateway, and each node, has been seen dead without a break: an
+        #: entry goes as soon as a pass no longer sees it dead (it reported again), so
+        #: a node that missed one report long after an earlier gap is not forgotten
+        self._gateway_dead_since: dict[str, float] = {}
+        self._node_dead_since: dict[str, float] = {}
         self._released_at: dict[str, float] = {}
         self.leading = False
 
@@ -327,6 +333,7 @@ class Reconciler:
     # --- dead gateways and nodes -----------------------------------------------------
     async def _adopt(self, done: Pass, dead_gateways: set[str]) -> None:
         now = self._clock()
+        _keep_only(self._gateway_dead_since, dead_gateways)
         for gateway in sorted(dead_gateways):
             drained = False
             for _ in range(ADOPT_PER_PASS):
@@ -336,13 +343,13 @@ class Reconciler:
                     break
                 await self._recorder.record(entries)
                 done.adopted += len(entries)
-            since = self._dead_since.setdefault(gateway, now)
+            since = self._gateway_dead_since.setdefault(gateway, now)
             if drained and now - since > FORGET_AFTER_S:
                 log.info(
                     "reconciler: forgetting gateway %s (dead since %.0fs)", gateway, now - since
                 )
                 await self._transport.forget_gateway(gateway)
-                self._dead_since.pop(gateway, None)
+                self._gateway_dead_since.pop(gateway, None)
 
     async def _dead_nodes(self, done: Pass) -> None:
         """Put back what dead nodes read and never claimed; forget long-dead nodes."""
@@ -350,16 +357,25 @@ class Reconciler:
         runtimes: set[str] = set()
         for node in await self._transport.catalogue():
             runtimes.update(node.runtimes)
-        for node_id in await self._transport.dead_nodes():
-            since = self._dead_since.setdefault(node_id, now)
+        dead = await self._transport.dead_nodes()
+        _keep_only(self._node_dead_since, dead)
+        _keep_only(self._released_at, dead)
+        for node_id in dead:
+            since = self._node_dead_since.setdefault(node_id, now)
             if now - self._released_at.get(node_id, 0.0) >= RELEASE_EVERY_S:
                 done.released += await self._transport.release(node_id, sorted(runtimes))
                 self._released_at[node_id] = now
             if now - since > FORGET_AFTER_S:
                 log.info("reconciler: forgetting node %s (dead since %.0fs)", node_id, now - since)
                 await self._transport.forget_node(node_id, sorted(runtimes))
-                self._dead_since.pop(node_id, None)
+                self._node_dead_since.pop(node_id, None)
                 self._released_at.pop(node_id, None)
+
+
+def _keep_only(seen: dict[str, float], ids: Collection[str]) -> None:
+    """Drop what ``seen`` holds for ids that are not in ``ids`` any more."""
+    for gone in seen.keys() - set(ids):
+        del seen[gone]
 
 
 def _unmarked(row: invocations.OpenRow, marker: Marker | None) -> bool:

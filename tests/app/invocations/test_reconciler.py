@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from app.db import invocations as inv
@@ -25,7 +27,7 @@ from app.dispatch.redis import RedisGatewayTransport
 from app.dispatch.transport import GatewayTransport
 from app.failpoints import Failpoints
 from app.invocations.leader import Election
-from app.invocations.reconciler import NEVER_STARTED_EXTRA, Policy, Reconciler
+from app.invocations.reconciler import FORGET_AFTER_S, NEVER_STARTED_EXTRA, Policy, Reconciler
 from app.invocations.recorder import Recorder
 from app.invocations.service import Timing
 from app.invocations.waiters import Waiters
@@ -80,9 +82,8 @@ class World:
             clock=lambda: self.clock[0],
         )
 
-    async def create(self, n: int, *, dispatch_to: str | bool | None = False) -> Job:
-        """A committed row with its Job; dispatched to a node (or overflow: None) if asked."""
-        job = Job(
+    def job(self, n: int) -> Job:
+        return Job(
             invocation_id=f"inv_{n}",
             tenant_id=self.tenant_id,
             runtime="fake",
@@ -91,6 +92,10 @@ class World:
             reply_to=self.gateway.gateway_id,
             enqueued_at=time.time(),
         )
+
+    async def create(self, n: int, *, dispatch_to: str | bool | None = False) -> Job:
+        """A committed row with its Job; dispatched to a node (or overflow: None) if asked."""
+        job = self.job(n)
         await self.writer.write(
             inv.Create(
                 invocation_id=job.invocation_id,
@@ -285,6 +290,78 @@ async def test_never_started_work_is_not_handed_out_forever(world: World) -> Non
     row = await world.row(1)
     assert row.attempts == 1 + NEVER_STARTED_EXTRA
     assert row.error == "lost: its hand-out never reached a node; not run again"
+
+
+async def test_a_node_that_missed_one_report_long_after_an_earlier_gap_is_not_forgotten(
+    world: World,
+) -> None:
+    """Only a node dead without a break for FORGET_AFTER_S is forgotten: one seen dead
+    once, then reporting again, starts afresh. Forgetting deletes the node's stream,
+    so a live node would lose the Jobs placed on it."""
+    reconciler = world.reconciler()
+    await world.alive("node-a")
+    await miss_reports(world, "node-a")
+    await reconciler.reconcile()  # seen dead ...
+    await world.alive("node-a")
+    await reconciler.reconcile()  # ... and alive again
+    world.clock[0] += FORGET_AFTER_S + 1
+    await world.gateway.dispatch(world.job(1), node_id="node-a", hold_s=120, queue_s=600)
+    await miss_reports(world, "node-a")  # one report late, long after the first gap
+    await reconciler.reconcile()
+    assert await world.node.waiting("node-a") == 1, "the live node's stream was deleted"
+    # a node dead without a break that long is forgotten
+    world.clock[0] += FORGET_AFTER_S + 1
+    await reconciler.reconcile()
+    assert await world.node.waiting("node-a") == 0
+    assert "node-a" not in await world.gateway.dead_nodes()
+
+
+@pytest.mark.parametrize(
+    "backing",
+    [pytest.param("cluster", marks=[pytest.mark.postgres, pytest.mark.redis])],
+    indirect=True,  # embedded mode has one gateway, never dead
+)
+async def test_a_gateway_that_missed_one_beat_long_after_an_earlier_gap_is_not_forgotten(
+    world: World,
+) -> None:
+    """The same for gateways: forgetting one deletes its results stream, where nodes put
+    the results its callers wait for."""
+    assert isinstance(world.gateway, RedisGatewayTransport)
+    from wire import keys
+
+    redis = world.gateway._redis  # type: ignore[attr-defined]
+    other = RedisGatewayTransport(redis, dead_after_s=30)
+    reconciler = world.reconciler()
+
+    async def beat_missed() -> None:
+        await redis.delete(keys.gateway(other.gateway_id))
+
+    with contextlib.suppress(ResponseError):  # the recorders' group, as a gateway makes it
+        await redis.xgroup_create(keys.EVENTS, keys.RECORDER_GROUP, id="0", mkstream=True)
+    await other.keep_alive()
+    await redis.xadd(keys.results(other.gateway_id), {"event": "{}"})
+    await beat_missed()
+    await reconciler.reconcile()  # seen dead ...
+    await other.keep_alive()
+    await reconciler.reconcile()  # ... and alive again
+    world.clock[0] += FORGET_AFTER_S + 1
+    await beat_missed()  # one beat late, long after the first gap
+    await reconciler.reconcile()
+    assert await redis.exists(keys.results(other.gateway_id)), "its results stream was deleted"
+    world.clock[0] += FORGET_AFTER_S + 1
+    await reconciler.reconcile()
+    assert not await redis.exists(keys.results(other.gateway_id))
+
+
+async def miss_reports(world: World, node_id: str) -> None:
+    """``node_id``'s last report expires now, as if it had stopped reporting."""
+    if isinstance(world.node, InProcessTransport):
+        report, _expiry = world.node._reports[node_id]  # type: ignore[attr-defined]
+        world.node._reports[node_id] = (report, 0.0)  # type: ignore[attr-defined]
+    else:
+        from wire import keys
+
+        await world.node._redis.delete(keys.node(node_id))  # type: ignore[attr-defined]
 
 
 async def forget_marker(world: World, invocation_id: str) -> None:
