@@ -5,6 +5,16 @@ runtime, dispatch markers with their expiry, claims that succeed once per token,
 gateway's results queue read by the same recorder, node reports that expire. A crash
 loses all of it, and nothing more: every open invocation is still in the database with
 its dispatch intent, and the reconciler hands it out again when the process restarts.
+
+A node's report ages only while the process runs. The node and everyone who judges its
+report share one event loop, so a loop held up for seconds (a long collection, the
+process starved of CPU) stops the node's heartbeat and the judge alike: in wall time
+the node would look dead the moment the loop runs again, and the reconciler would hand
+out everything running on it a second time. The node's heartbeat calls the transport at
+least every half ``dead_after_s`` while the loop runs (``NodeSettings`` requires it),
+so a longer gap between two calls can only be the loop held up; it counts as half
+``dead_after_s``. A node whose heartbeat stopped while the loop runs is still dead on
+time, as long as someone reads the catalogue (the gateway's reconciler does, every pass).
 """
 
 from __future__ import annotations
@@ -38,6 +48,8 @@ class InProcessTransport(GatewayTransport, NodeTransport):
         self.gateway_id = "local"
         self._dead_after_s = dead_after_s
         self._clock = clock
+        self._seen = clock()  #: the wall time of the last call that aged the reports
+        self._running = 0.0  #: the process's running time since then, stalls capped
         self._streams: dict[str, collections.deque[tuple[str, Job]]] = collections.defaultdict(
             collections.deque
         )
@@ -64,8 +76,16 @@ class InProcessTransport(GatewayTransport, NodeTransport):
         async with self._arrived:
             self._arrived.notify_all()
 
-    async def catalogue(self) -> list[NodeReport]:
+    def _report_time(self) -> float:
+        """The clock reports age by: wall time, a gap between calls capped at half
+        ``dead_after_s`` (see the module's docstring)."""
         now = self._clock()
+        self._running += min(max(0.0, now - self._seen), self._dead_after_s / 2)
+        self._seen = now
+        return self._running
+
+    async def catalogue(self) -> list[NodeReport]:
+        now = self._report_time()
         return [report for report, expiry in self._reports.values() if expiry > now]
 
     async def backlog(self, runtimes: Sequence[str]) -> dict[str, int]:
@@ -125,7 +145,7 @@ class InProcessTransport(GatewayTransport, NodeTransport):
         return None
 
     async def dead_nodes(self) -> list[str]:
-        now = self._clock()
+        now = self._report_time()
         return sorted(node for node, (_, expiry) in self._reports.items() if expiry <= now)
 
     async def release(self, node_id: str, runtimes: Sequence[str]) -> int:
@@ -137,7 +157,7 @@ class InProcessTransport(GatewayTransport, NodeTransport):
 
     # --- node -------------------------------------------------------------------------
     async def announce(self, report: NodeReport) -> None:
-        self._reports[report.node_id] = (report, self._clock() + self._dead_after_s)
+        self._reports[report.node_id] = (report, self._report_time() + self._dead_after_s)
 
     async def withdraw(self, node_id: str) -> None:
         self._reports.pop(node_id, None)

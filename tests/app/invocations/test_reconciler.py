@@ -357,7 +357,7 @@ async def miss_reports(world: World, node_id: str) -> None:
     """``node_id``'s last report expires now, as if it had stopped reporting."""
     if isinstance(world.node, InProcessTransport):
         report, _expiry = world.node._reports[node_id]  # type: ignore[attr-defined]
-        world.node._reports[node_id] = (report, 0.0)  # type: ignore[attr-defined]
+        world.node._reports[node_id] = (report, float("-inf"))  # type: ignore[attr-defined]
     else:
         from wire import keys
 
