@@ -9,12 +9,16 @@ its dispatch intent, and the reconciler hands it out again when the process rest
 A node's report ages only while the process runs. The node and everyone who judges its
 report share one event loop, so a loop held up for seconds (a long collection, the
 process starved of CPU) stops the node's heartbeat and the judge alike: in wall time
-the node would look dead the moment the loop runs again, and the reconciler would hand
-out everything running on it a second time. The node's heartbeat calls the transport at
-least every half ``dead_after_s`` while the loop runs (``NodeSettings`` requires it),
-so a longer gap between two calls can only be the loop held up; it counts as half
-``dead_after_s``. A node whose heartbeat stopped while the loop runs is still dead on
-time, as long as someone reads the catalogue (the gateway's reconciler does, every pass).
+the node would look dead to whatever runs before the heartbeat once the loop runs
+again: a request would be refused ("no node agent is alive"), a reconciler pass could
+hand out what runs on the node a second time. The node's heartbeat calls the transport
+at least every half ``dead_after_s`` while the loop runs (``NodeSettings`` requires
+that of ``CORRAL_HEARTBEAT_SECONDS`` and ``CORRAL_NODE_DEAD_AFTER_SECONDS``, the
+variables this transport's ``dead_after_s`` comes from too), so a longer gap between
+two calls can only be the loop held up; it counts as half ``dead_after_s``. The cap
+only ever errs towards alive: a node whose heartbeat stopped while the loop runs is
+dead on time as long as someone reads the catalogue at least that often (the gateway's
+placement and its reconciler do), later if nobody does.
 """
 
 from __future__ import annotations
