@@ -37,6 +37,7 @@ from runtimes.wasm.instance import CallLimits, Instance, Outcome, StoreCaps
 from runtimes.wasm.languages import INTERPRETERS, Interpreter
 from runtimes.wasm.modules import LoadedModule, ModuleLoader, ModuleLoadError
 from runtimes.wasm.output import OutputCapture
+from runtimes.wasm.threads import GuestThreads
 from runtimes.wasm.workdir import HostDir, decode_files
 from runtimes.wasm.workers import WarmupError, WasmWorkers
 from runtimes.workfiles import InvalidSpec
@@ -65,6 +66,7 @@ class WasmExecutor:
         self._names = itertools.count(1)
         self._engine = WasmEngine(cfg)
         self._engine.start()
+        self._threads = GuestThreads()
         self._loader = ModuleLoader(self._engine, memory_slots=cfg.module_memory_slots)
         self._pool: Pool[Instance] | None = None
         self._interpreters: dict[str, LoadedModule] = {}
@@ -165,6 +167,9 @@ class WasmExecutor:
         stuck = await asyncio.to_thread(self._join, live, self.config.close_timeout_s)
         if stuck:
             log.error("wasm worker: %d instance threads did not stop: %s", len(stuck), stuck)
+        busy = await asyncio.to_thread(self._threads.close, 0.0 if stuck else 1.0)
+        if busy and not stuck:
+            log.error("wasm worker: guest threads still running after close: %s", busy)
         await _outputs_released(OUTPUT_RELEASE_TIMEOUT_S)
         engine.close()
         self._interpreters.clear()
@@ -255,6 +260,7 @@ class WasmExecutor:
             limits=self._limits(spec),
             warm=False,
             stdin_data=spec.stdin.encode("utf-8", "replace"),
+            needs_own_dir=bool(files or spec.fetch_files),
         )
         return await self._call(inst, spec, files, invocation_id, started=started)
 
@@ -336,7 +342,7 @@ class WasmExecutor:
                 inst.abort()
             inst.dispose()
         finished = time.perf_counter()
-        log.info(
+        log.debug(  # the node's metrics count calls; INFO would be a line per call
             "inv=%s %s %s (exit %s) in %.1f ms on %s",
             invocation_id,
             spec.language,
@@ -365,8 +371,15 @@ class WasmExecutor:
         warm: bool,
         stdin_data: bytes | None = None,
         source: str | None = None,
+        needs_own_dir: bool = True,
     ) -> Instance:
-        host_dir = HostDir.create(self._run_dir, f"i{next(self._names)}")
+        """A warm instance, or a fresh one armed with ``limits``. A fresh one that does not
+        ``need_own_dir`` (no files in or out) shares the read-only empty dir, unless this
+        node's work dirs are writable."""
+        if warm or needs_own_dir or self.config.writable_workdir:
+            host_dir = HostDir.create(self._run_dir, f"i{next(self._names)}")
+        else:
+            host_dir = HostDir.shared_empty(self._run_dir)
         try:
             inst = Instance(
                 self._engine,
@@ -380,6 +393,7 @@ class WasmExecutor:
                 stdin_data=stdin_data,
                 source=source,
                 on_dispose=self._untrack,
+                threads=self._threads,
             )
         except BaseException:
             host_dir.remove()

@@ -1,14 +1,16 @@
 """One instance of a module: its Store, its WASI context and the thread running ``_start``.
 
 An instance serves exactly one call and is then disposed of, so calls never share memory,
-globals, files or descriptors. Its life:
+globals, anything writable or descriptors. Its life:
 
 1. ``Instance(...)`` builds the Store (limits, epoch deadline, fuel) and the WASI context:
-   argv, an empty environment, stdin (a FIFO for warm instances, a file for fresh ones),
-   bounded stdout/stderr captures, and the instance's own work dir preopened as ``/work``
-   and ``.``. Nothing else of the host is visible.
-2. ``start()`` runs ``_start`` in a daemon thread (wasm runs with the GIL released).
-   A warm instance's bootstrap writes the ready marker and blocks reading stdin. A
+   argv, an empty environment, stdin (a FIFO for warm instances, the call's bytes for
+   fresh ones), bounded stdout/stderr captures, and the work dir preopened as ``/work``
+   and ``.`` (the instance's own, or the shared read-only empty one: ``workdir``).
+   Nothing else of the host is visible.
+2. ``start()`` runs ``_start`` on a thread of its own (wasm runs with the GIL released):
+   one of the executor's ``GuestThreads``, kept between instances. A warm instance's
+   bootstrap writes the ready marker and blocks reading stdin. A
    component (the pre-initialised Python) is always fresh: its ``run`` export is called
    with the call's ``source`` and returns the exit status.
 3. ``arm(limits)`` sets the call's memory cap, fuel and epoch deadline. For a warm
@@ -39,7 +41,8 @@ from runtimes.wasm import epoch, hostcalls
 from runtimes.wasm.engine import WasmEngine
 from runtimes.wasm.modules import LoadedModule
 from runtimes.wasm.output import OutputCapture
-from runtimes.wasm.stdin import PipeFeeder, open_fifo
+from runtimes.wasm.stdin import PipeFeeder, open_fifo, set_stdin_bytes
+from runtimes.wasm.threads import GuestThreads
 from runtimes.wasm.workdir import HostDir
 
 log = logging.getLogger(__name__)
@@ -130,10 +133,12 @@ class Instance:
         stdin_data: bytes | None = None,
         source: str | None = None,
         on_dispose: Callable[[Instance], None] | None = None,
+        threads: GuestThreads | None = None,
     ) -> None:
         """A warm instance has a ``ready_marker`` (stdin is a FIFO); a fresh one gets
-        ``stdin_data`` (written to a file) and is armed with ``limits`` from the start;
-        a component's ``run`` gets ``source``."""
+        ``stdin_data`` (in memory) and is armed with ``limits`` from the start;
+        a component's ``run`` gets ``source``. The guest runs on one of ``threads``, or on
+        a thread started for it when there are none."""
         self.id = f"{module.name}-{next(_ids)}"
         self._source = source
         self.engine = engine
@@ -147,7 +152,10 @@ class Instance:
         self._ready_callbacks: list[Callable[[Instance], None]] = []
         self._done_callbacks: list[Callable[[Instance], None]] = []
         self._cb_lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._threads = threads
+        self._started = False
+        self._ident: int | None = None  #: the guest thread's, once it runs
+        self._finished = threading.Event()  #: the guest thread is done with this instance
         self._cpu_base: float | None = None
         self._start_cpu = 0.0
         self._epoch_callback: object | None = None  #: keeps the ctypes callback alive
@@ -162,11 +170,9 @@ class Instance:
         self.feeder: PipeFeeder | None = None
         if ready_marker is not None:
             self.feeder = PipeFeeder(open_fifo(host_dir.stdin))
-        else:
-            host_dir.stdin.write_bytes(stdin_data or b"")
         self.store = Store(engine.engine)
         try:
-            self.store.set_wasi(self._wasi_config(argv, writable_workdir))
+            self.store.set_wasi(self._wasi_config(argv, writable_workdir, stdin_data or b""))
             if ready_marker is None:
                 self.arm(limits)
             else:
@@ -177,12 +183,15 @@ class Instance:
             self.store.close()
             raise
 
-    def _wasi_config(self, argv: list[str], writable_workdir: bool) -> WasiConfig:
+    def _wasi_config(self, argv: list[str], writable_workdir: bool, stdin: bytes) -> WasiConfig:
         """argv, no environment, our stdin/stdout/stderr, and only the work dir."""
         wasi = WasiConfig()
         wasi.argv = argv
         wasi.env = []
-        wasi.stdin_file = str(self.host_dir.stdin)
+        if self.feeder is not None:
+            wasi.stdin_file = str(self.host_dir.stdin)
+        else:
+            set_stdin_bytes(wasi, stdin)
         wasi.stdout_custom = self.stdout
         wasi.stderr_custom = self.stderr
         work = str(self.host_dir.work)
@@ -262,10 +271,10 @@ class Instance:
     def arm(self, limits: CallLimits) -> None:
         """Give the instance its call's limits and start keeping its output."""
         self.armed_limits = limits
-        thread = self._thread
-        if thread is not None and thread.ident is not None and not self.done.is_set():
+        ident = self._ident
+        if ident is not None and not self.done.is_set():
             try:
-                self._cpu_base = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+                self._cpu_base = time.clock_gettime(time.pthread_getcpuclockid(ident))
             except OSError:
                 self._cpu_base = None
         self.stdout.arm(limits.max_output)
@@ -281,17 +290,24 @@ class Instance:
 
     # --- the guest thread ---------------------------------------------------------------
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._main, name=f"wasm-{self.id}", daemon=True)
-        self._thread.start()
+        self._started = True
+        if self._threads is not None:
+            self._threads.run(self._main)
+        else:
+            threading.Thread(target=self._main, name=f"wasm-{self.id}", daemon=True).start()
 
     def _main(self) -> None:
+        self._ident = threading.get_ident()
         try:
             self._run_guest()
         finally:
             # Cleaning up (unmapping memory, deleting files) is left to this thread, off the
             # caller's path: it waits until the caller has read what it needs.
             self._released.wait()
-            self._cleanup()
+            try:
+                self._cleanup()
+            finally:
+                self._finished.set()
 
     def _run_guest(self) -> None:
         hostcalls.bind(self.clock)
@@ -359,15 +375,14 @@ class Instance:
             self.feeder.close()
 
     def join(self, timeout: float | None = None) -> bool:
-        thread = self._thread
-        if thread is not None:
-            thread.join(timeout)
-            return not thread.is_alive()
+        """Wait until the guest's thread is done with this instance (True)."""
+        if self._started:
+            return self._finished.wait(timeout)
         return True
 
     @property
     def started(self) -> bool:
-        return self._thread is not None
+        return self._started
 
     def dispose(self) -> None:
         """Release the instance: once its guest has ended, its own thread closes the Store

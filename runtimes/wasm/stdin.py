@@ -1,4 +1,8 @@
-"""A warm instance's stdin: a FIFO the host holds open and feeds from the event loop.
+"""An instance's stdin: the call's bytes for a fresh instance, a FIFO for a warm one.
+
+A fresh instance's stdin is the call's bytes, handed to WASI in memory
+(``set_stdin_bytes``); with none it reads end-of-file at once.
+
 
 The host opens the FIFO read-write and non-blocking *before* WASI opens it for reading
 (so neither open blocks). The guest's read then blocks until the host writes its frame;
@@ -11,9 +15,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import threading
 from pathlib import Path
+
+from wasmtime import WasiConfig
+from wasmtime import _ffi as ffi
+
+
+def set_stdin_bytes(wasi: WasiConfig, data: bytes) -> None:
+    """Give the guest ``data`` as its stdin (WASI keeps a copy; nothing is written)."""
+    if not data:
+        return  # WASI's default stdin: end-of-file
+    vec = ffi.wasm_byte_vec_t()
+    ffi.wasm_byte_vec_new(  # copies the bytes
+        ctypes.byref(vec), len(data), (ffi.wasm_byte_t * len(data)).from_buffer_copy(data)
+    )
+    ffi.wasi_config_set_stdin_bytes(wasi.ptr(), ctypes.byref(vec))  # owns the vector now
 
 
 def open_fifo(path: Path) -> int:

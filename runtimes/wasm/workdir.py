@@ -1,10 +1,16 @@
-"""The host side of one instance: its directory, stdin and the files of a call.
+"""The host side of one instance: its directory and the files of a call.
 
-``<run_dir>/<instance id>/`` holds ``stdin`` (a FIFO for warm instances, a regular file for
-fresh ones) and ``work/``, the only directory the guest sees (preopened as ``/work`` and as
-``.``, read-only unless configured otherwise). The host writes ``spec.files`` into
-``work/`` before the call and reads ``fetch_files`` back after the guest is gone, never
-following symlinks out of it.
+``<run_dir>/<instance id>/`` holds ``stdin`` (a warm instance's FIFO) and ``work/``, the
+only directory the guest sees (preopened as ``/work`` and as ``.``, read-only unless
+configured otherwise). The host writes ``spec.files`` into ``work/`` before the call and
+reads ``fetch_files`` back after the guest is gone, never following symlinks out of it.
+
+A fresh instance whose call has no files to write or fetch, on a node whose work dirs
+are read-only, gets ``HostDir.shared_empty`` instead: one empty directory, made once and
+never removed, that every such call sees. WASI enforces the read-only preopen (creating,
+writing or removing anything in it fails with ``EPERM``; ``tests/runtimes/wasm``), so no
+call can leave anything there for another, and the call saves a directory's creation and
+removal (the largest host-side items of a small module's call).
 """
 
 from __future__ import annotations
@@ -41,9 +47,13 @@ def decode_files(spec: RunSpec, *, max_bytes: int) -> dict[str, bytes]:
     return files
 
 
+SHARED_EMPTY = "empty"
+
+
 @dataclass
 class HostDir:
     root: Path
+    shared: bool = False  #: ``shared_empty``'s: read-only for guests, never removed
 
     @property
     def work(self) -> Path:
@@ -61,7 +71,21 @@ class HostDir:
         (root / "work").mkdir(mode=0o755)
         return cls(root)
 
+    @classmethod
+    def shared_empty(cls, run_dir: Path) -> HostDir:
+        """The empty directory of calls that write and fetch nothing (made if missing;
+        instance dirs are named ``i<n>``, so this name is never one of theirs)."""
+        root = run_dir / SHARED_EMPTY
+        work = root / "work"
+        if not work.is_dir():
+            run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            root.mkdir(mode=0o700, exist_ok=True)
+            work.mkdir(mode=0o555, exist_ok=True)
+        return cls(root, shared=True)
+
     def write_files(self, files: dict[str, bytes]) -> None:
+        if files and self.shared:
+            raise RuntimeError("files cannot be written into the shared empty directory")
         for rel, data in files.items():
             target = self.work / rel
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -98,5 +122,7 @@ class HostDir:
         return found, notes
 
     def remove(self) -> None:
+        if self.shared:
+            return
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(self.root)

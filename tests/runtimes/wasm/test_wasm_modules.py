@@ -52,6 +52,33 @@ C_SPIN = r"""
 int main(void) { volatile unsigned long i = 0; for (;;) i++; }
 """
 
+C_LEAVE_SOMETHING = r"""
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+static void try(const char *what, int ok) { printf("%s=%s ", what, ok ? "ok" : strerror(errno)); }
+int main(void) {
+    int entries = 0;
+    DIR *d = opendir(".");
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) entries++;
+    printf("entries=%d ", entries);
+    try("create", open("left.txt", O_CREAT | O_WRONLY, 0644) >= 0);
+    try("create_abs", open("/work/left.txt", O_CREAT | O_WRONLY, 0644) >= 0);
+    try("mkdir", mkdir("left", 0755) == 0);
+    try("symlink", symlink("/", "root") == 0);
+    char in[64] = {0};
+    ssize_t n = read(0, in, sizeof in - 1);
+    printf("stdin=%zd:%s\n", n, in);
+    return 0;
+}
+"""
+
 WASI_EXIT = '(import "wasi_snapshot_preview1" "proc_exit" (func $exit (param i32)))'
 
 
@@ -69,6 +96,23 @@ async def test_c_hello(
     assert result.run.stdout == "argc=1 argv0=module.wasm stdin=ping data=pong\n"
     assert result.run.stderr == "to stderr\n"
     assert result.setup_ms > 0 and result.exec_ms > 0
+
+
+async def test_a_call_without_files_cannot_leave_anything_for_the_next(
+    runtime: WasmRuntime, run_module: RunModule, compile_c: Callable[[str], bytes]
+) -> None:
+    """Calls that write and fetch no files share one read-only empty work dir
+    (``HostDir.shared_empty``): every attempt to put something there is refused, so each
+    call finds it as empty as the first did, and the call's stdin still arrives."""
+    module = compile_c(C_LEAVE_SOMETHING)
+    refused = (
+        "create=Operation not permitted create_abs=Operation not permitted "
+        "mkdir=Operation not permitted symlink=Operation not permitted"
+    )
+    for stdin, read in (("first", "5:first"), ("", "0:"), ("third", "5:third")):
+        result = await run_module(runtime, module, stdin=stdin)
+        assert result.run is not None and result.run.ok, result
+        assert result.run.stdout == f"entries=0 {refused} stdin={read}\n"
 
 
 async def test_module_is_cached_in_memory_and_reused(
