@@ -47,6 +47,8 @@ from wire.messages import pool_key
 log = logging.getLogger(__name__)
 
 OUTPUT_RELEASE_TIMEOUT_S = 2.0
+#: The FIFOs of fresh instances' output, under the run dir (instance dirs are ``i<n>``)
+PIPES_DIR = "pipes"
 RUNTIME_NAME = "wasm"
 
 
@@ -67,6 +69,7 @@ class WasmExecutor:
         self._engine = WasmEngine(cfg)
         self._engine.start()
         self._threads = GuestThreads()
+        self._pipes: Path | None = None  #: where fresh instances' output FIFOs are made
         self._loader = ModuleLoader(self._engine, memory_slots=cfg.module_memory_slots)
         self._pool: Pool[Instance] | None = None
         self._interpreters: dict[str, LoadedModule] = {}
@@ -319,6 +322,9 @@ class WasmExecutor:
                     inst.id,
                     stuck,
                 )
+            if outcome is not None:  # the guest has returned: all it wrote is readable
+                inst.stdout.collect()
+                inst.stderr.collect()
             exec_done = time.perf_counter()
             stage = results.stage_result(
                 outcome,
@@ -380,6 +386,10 @@ class WasmExecutor:
             host_dir = HostDir.create(self._run_dir, f"i{next(self._names)}")
         else:
             host_dir = HostDir.shared_empty(self._run_dir)
+        if not warm and self._pipes is None:
+            pipes = self._run_dir / PIPES_DIR
+            pipes.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._pipes = pipes
         try:
             inst = Instance(
                 self._engine,
@@ -394,6 +404,7 @@ class WasmExecutor:
                 source=source,
                 on_dispose=self._untrack,
                 threads=self._threads,
+                pipes=None if warm else self._pipes,
             )
         except BaseException:
             host_dir.remove()

@@ -40,7 +40,7 @@ from wasmtime import Instance as WasmInstance
 from runtimes.wasm import epoch, hostcalls
 from runtimes.wasm.engine import WasmEngine
 from runtimes.wasm.modules import LoadedModule
-from runtimes.wasm.output import OutputCapture
+from runtimes.wasm.output import Capture, OutputCapture, PipeCapture
 from runtimes.wasm.stdin import PipeFeeder, open_fifo, set_stdin_bytes
 from runtimes.wasm.threads import GuestThreads
 from runtimes.wasm.workdir import HostDir
@@ -134,11 +134,14 @@ class Instance:
         source: str | None = None,
         on_dispose: Callable[[Instance], None] | None = None,
         threads: GuestThreads | None = None,
+        pipes: Path | None = None,
     ) -> None:
         """A warm instance has a ``ready_marker`` (stdin is a FIFO); a fresh one gets
         ``stdin_data`` (in memory) and is armed with ``limits`` from the start;
         a component's ``run`` gets ``source``. The guest runs on one of ``threads``, or on
-        a thread started for it when there are none."""
+        a thread started for it when there are none. A fresh instance's output goes
+        through FIFOs made in ``pipes`` (built on the event loop's thread, which drains
+        them), or, without ``pipes``, through callbacks."""
         self.id = f"{module.name}-{next(_ids)}"
         self._source = source
         self.engine = engine
@@ -165,9 +168,20 @@ class Instance:
         self._on_dispose = on_dispose
         self.armed_limits: CallLimits | None = None
 
-        self.stdout = OutputCapture()
-        self.stderr = OutputCapture(marker=ready_marker, on_marker=self._on_ready)
+        self.stdout: Capture
+        self.stderr: Capture
         self.feeder: PipeFeeder | None = None
+        if ready_marker is None and pipes is not None:
+            loop = asyncio.get_running_loop()
+            self.stdout = PipeCapture(pipes, f"{self.id}.out", loop)
+            try:
+                self.stderr = PipeCapture(pipes, f"{self.id}.err", loop)
+            except BaseException:
+                self.stdout.close()
+                raise
+        else:
+            self.stdout = OutputCapture()
+            self.stderr = OutputCapture(marker=ready_marker, on_marker=self._on_ready)
         if ready_marker is not None:
             self.feeder = PipeFeeder(open_fifo(host_dir.stdin))
         self.store = Store(engine.engine)
@@ -180,6 +194,8 @@ class Instance:
         except BaseException:
             if self.feeder is not None:
                 self.feeder.close()
+            self.stdout.close()
+            self.stderr.close()
             self.store.close()
             raise
 
@@ -192,8 +208,16 @@ class Instance:
             wasi.stdin_file = str(self.host_dir.stdin)
         else:
             set_stdin_bytes(wasi, stdin)
-        wasi.stdout_custom = self.stdout
-        wasi.stderr_custom = self.stderr
+        out, err = self.stdout, self.stderr
+        if isinstance(out, PipeCapture) and isinstance(err, PipeCapture):
+            wasi.stdout_file = str(out.path)  # WASI opens the FIFOs' write ends here
+            wasi.stderr_file = str(err.path)
+            out.opened()
+            err.opened()
+        else:
+            assert isinstance(out, OutputCapture) and isinstance(err, OutputCapture)
+            wasi.stdout_custom = out
+            wasi.stderr_custom = err
         work = str(self.host_dir.work)
         wasi.preopen_dir(work, "/work", writable_workdir)
         wasi.preopen_dir(work, ".", writable_workdir)
@@ -387,9 +411,12 @@ class Instance:
     def dispose(self) -> None:
         """Release the instance: once its guest has ended, its own thread closes the Store
         and deletes the host dir (done here if it never started). Stops feeding stdin at
-        once, so call it from the event loop thread of a call. Idempotent, non-blocking."""
+        once and closes the output pipes' read ends (a guest still writing gets ``EPIPE``),
+        so call it from the event loop thread of a call. Idempotent, non-blocking."""
         if self.feeder is not None:
             self.feeder.close()
+        self.stdout.close()
+        self.stderr.close()
         if self.started:
             self._released.set()
         else:

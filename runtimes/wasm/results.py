@@ -21,7 +21,7 @@ from __future__ import annotations
 from wasmtime import TrapCode
 
 from runtimes.wasm.instance import CallLimits, Outcome
-from runtimes.wasm.output import OutputCapture
+from runtimes.wasm.output import Capture
 from wire.execution import CONTENDED_BELOW_CORES, StageResult, StageStatus
 
 MIB = 1024 * 1024
@@ -85,8 +85,8 @@ def stage_result(
     outcome: Outcome | None,
     limits: CallLimits,
     *,
-    stdout: OutputCapture,
-    stderr: OutputCapture,
+    stdout: Capture,
+    stderr: Capture,
     oom_markers: tuple[str, ...],
     wall_ms: float,
 ) -> StageResult:

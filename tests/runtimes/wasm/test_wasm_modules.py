@@ -79,6 +79,24 @@ int main(void) {
 }
 """
 
+C_WRITE_MUCH = r"""
+#include <stdio.h>
+#include <string.h>
+int main(void) {
+    static char line[1000];
+    memset(line, 'o', sizeof line - 1);
+    for (int i = 0; i < 300; i++) { fputs(line, stdout); fputc('\n', stdout); fflush(stdout); }
+    memset(line, 'e', sizeof line - 1);
+    for (int i = 0; i < 100; i++) { fputs(line, stderr); fputc('\n', stderr); }
+    return 0;
+}
+"""
+
+C_FLOOD = r"""
+#include <stdio.h>
+int main(void) { for (;;) { fputs("flood flood flood flood\n", stdout); fflush(stdout); } }
+"""
+
 WASI_EXIT = '(import "wasi_snapshot_preview1" "proc_exit" (func $exit (param i32)))'
 
 
@@ -113,6 +131,32 @@ async def test_a_call_without_files_cannot_leave_anything_for_the_next(
         result = await run_module(runtime, module, stdin=stdin)
         assert result.run is not None and result.run.ok, result
         assert result.run.stdout == f"entries=0 {refused} stdin={read}\n"
+
+
+async def test_output_larger_than_a_pipe_holds_arrives_whole(
+    runtime: WasmRuntime, run_module: RunModule, compile_c: Callable[[str], bytes]
+) -> None:
+    """300 kB of stdout in 300 flushed writes and 100 kB of stderr: more than a pipe's
+    buffer each, so the worker drains them while the guest runs (``PipeCapture``)."""
+    result = await run_module(runtime, compile_c(C_WRITE_MUCH), max_output_bytes=1_000_000)
+    assert result.run is not None and result.run.ok, result.run
+    assert result.run.stdout == ("o" * 999 + "\n") * 300
+    assert result.run.stderr == ("e" * 999 + "\n") * 100
+    assert not result.run.stdout_truncated and not result.run.stderr_truncated
+
+
+async def test_an_output_flood_is_cut_at_the_limit_and_ended_by_the_deadline(
+    runtime: WasmRuntime, run_module: RunModule, compile_c: Callable[[str], bytes]
+) -> None:
+    result = await run_module(
+        runtime, compile_c(C_FLOOD), run_timeout_s=1.0, max_output_bytes=10_000
+    )
+    assert result.run is not None and result.run.status is StageStatus.TIME_LIMIT, result.run
+    assert len(result.run.stdout) == 10_000 and result.run.stdout_truncated
+    assert result.run.stdout.startswith("flood flood")
+    assert result.run.wall_ms <= 3 * 1000
+    after = await run_module(runtime, compile_c(C_WRITE_MUCH), max_output_bytes=1_000_000)
+    assert after.run is not None and after.run.ok and len(after.run.stdout) == 300_000
 
 
 async def test_module_is_cached_in_memory_and_reused(
