@@ -39,8 +39,6 @@ COLLECT_READS = 64
 class Capture(Protocol):
     """What the executor reads of a guest's output, whichever way it was captured."""
 
-    total: int
-
     @property
     def truncated(self) -> bool: ...
 
@@ -53,16 +51,38 @@ class Capture(Protocol):
     def close(self) -> None: ...
 
 
+class Kept:
+    """At most ``limit`` bytes of a stream, and how many bytes it had in all."""
+
+    def __init__(self) -> None:
+        self.limit = 0
+        self.total = 0
+        self._chunks: list[bytes] = []
+        self._size = 0
+
+    def add(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self.limit - self._size
+        if room > 0:
+            piece = data[:room]
+            self._chunks.append(piece)
+            self._size += len(piece)
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > self._size
+
+    def text(self) -> str:
+        return b"".join(self._chunks).decode("utf-8", errors="replace")
+
+
 class PipeCapture:
     def __init__(self, directory: Path, name: str, loop: asyncio.AbstractEventLoop) -> None:
         """Make the FIFO ``directory/name`` and open its read end; ``path`` is for WASI to
         open, ``opened()`` unlinks it after."""
         self.path = directory / name
         self._loop = loop
-        self._limit = 0
-        self._chunks: list[bytes] = []
-        self._kept = 0
-        self.total = 0  #: bytes read during the call, kept or not
+        self.kept = Kept()
         os.mkfifo(self.path, 0o600)
         try:
             self._fd: int | None = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -77,7 +97,7 @@ class PipeCapture:
             os.unlink(self.path)
 
     def arm(self, limit: int) -> None:
-        self._limit = limit
+        self.kept.limit = limit
 
     def collect(self) -> None:
         """Read what is left (the guest has returned: nothing more is coming), then close."""
@@ -106,20 +126,15 @@ class PipeCapture:
             if not data:  # every writer closed: the Store is gone
                 self.close()
                 return
-            self.total += len(data)
-            room = self._limit - self._kept
-            if room > 0:
-                piece = data[:room]
-                self._chunks.append(piece)
-                self._kept += len(piece)
+            self.kept.add(data)
             reads -= 1
 
     @property
     def truncated(self) -> bool:
-        return self.total > self._kept
+        return self.kept.truncated
 
     def text(self) -> str:
-        return b"".join(self._chunks).decode("utf-8", errors="replace")
+        return self.kept.text()
 
 
 class OutputCapture:
@@ -129,10 +144,7 @@ class OutputCapture:
         self, *, marker: bytes | None = None, on_marker: Callable[[], None] | None = None
     ) -> None:
         self._lock = threading.Lock()
-        self._chunks: list[bytes] = []
-        self._kept = 0
-        self._limit = 0
-        self.total = 0  #: bytes written during the call, kept or not
+        self.kept = Kept()
         self._armed = marker is None
         self._marker = marker
         self._on_marker = on_marker
@@ -141,7 +153,7 @@ class OutputCapture:
     def arm(self, limit: int) -> None:
         """Start keeping output, up to ``limit`` bytes."""
         with self._lock:
-            self._limit = limit
+            self.kept.limit = limit
             self._armed = True
             self._pending = b""
 
@@ -157,23 +169,19 @@ class OutputCapture:
                         self._marker = None
                         fire = True
             else:
-                self.total += len(data)
-                room = self._limit - self._kept
-                if room > 0:
-                    piece = data[:room]
-                    self._chunks.append(piece)
-                    self._kept += len(piece)
+                self.kept.add(data)
         if fire and self._on_marker is not None:
             self._on_marker()
         return len(data)
 
     @property
     def truncated(self) -> bool:
-        return self.total > self._kept
+        with self._lock:
+            return self.kept.truncated
 
     def text(self) -> str:
         with self._lock:
-            return b"".join(self._chunks).decode("utf-8", errors="replace")
+            return self.kept.text()
 
     def collect(self) -> None:
         """Nothing to read: every write arrived through the callback."""
