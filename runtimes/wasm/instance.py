@@ -182,11 +182,12 @@ class Instance:
         else:
             self.stdout = OutputCapture()
             self.stderr = OutputCapture(marker=ready_marker, on_marker=self._on_ready)
-        if ready_marker is not None:
-            self.feeder = PipeFeeder(open_fifo(host_dir.stdin))
-        self.store = Store(engine.engine)
+        store: Store | None = None
         try:
-            self.store.set_wasi(self._wasi_config(argv, writable_workdir, stdin_data or b""))
+            if ready_marker is not None:
+                self.feeder = PipeFeeder(open_fifo(host_dir.stdin))
+            self.store = store = Store(engine.engine)
+            store.set_wasi(self._wasi_config(argv, writable_workdir, stdin_data or b""))
             if ready_marker is None:
                 self.arm(limits)
             else:
@@ -196,7 +197,8 @@ class Instance:
                 self.feeder.close()
             self.stdout.close()
             self.stderr.close()
-            self.store.close()
+            if store is not None:
+                store.close()
             raise
 
     def _wasi_config(self, argv: list[str], writable_workdir: bool, stdin: bytes) -> WasiConfig:

@@ -82,3 +82,38 @@ async def test_closing_the_read_end_unblocks_a_writer_with_epipe(tmp_path: Path)
     await _join(writer)
     assert len(errors) == 1 and isinstance(errors[0], BrokenPipeError)
     capture.close()  # idempotent
+
+
+async def test_an_instance_that_cannot_be_built_leaves_no_pipe_behind(tmp_path: Path) -> None:
+    """The instance's FIFOs are made before its WASI context; when that fails (here: its
+    work dir is missing, so the preopen is refused), both are closed and unlinked."""
+    from wasmtime import Module, WasmtimeError, wat2wasm
+
+    from runtimes.wasm.config import MIB, WasmConfig
+    from runtimes.wasm.engine import WasmEngine
+    from runtimes.wasm.instance import CallLimits, Instance, StoreCaps
+    from runtimes.wasm.modules import LoadedModule
+    from runtimes.wasm.workdir import HostDir
+
+    engine = WasmEngine(WasmConfig(data_dir=tmp_path / "data", pooling=False))
+    try:
+        module = Module(engine.engine, wat2wasm('(module (func (export "_start")))'))
+        loaded = LoadedModule("m", "0" * 64, engine.linker.instantiate_pre(module), 0.0)
+        pipes = tmp_path / "pipes"
+        pipes.mkdir()
+        descriptors = set(os.listdir("/proc/self/fd"))
+        with pytest.raises(WasmtimeError):
+            Instance(
+                engine,
+                loaded,
+                argv=["m"],
+                host_dir=HostDir(tmp_path / "missing"),
+                caps=StoreCaps(table_elements=1000, instances=1, tables=1, memories=1),
+                limits=CallLimits(memory_bytes=16 * MIB, timeout_s=1.0, max_output=100),
+                writable_workdir=False,
+                pipes=pipes,
+            )
+        assert list(pipes.iterdir()) == []
+        assert set(os.listdir("/proc/self/fd")) == descriptors
+    finally:
+        engine.close()
