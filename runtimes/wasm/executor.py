@@ -69,7 +69,8 @@ class WasmExecutor:
         self._engine = WasmEngine(cfg)
         self._engine.start()
         self._threads = GuestThreads()
-        self._pipes: Path | None = None  #: where fresh instances' output FIFOs are made
+        self._pipes = run_dir / PIPES_DIR  #: where fresh instances' output FIFOs are made
+        self._empty: HostDir | None = None  #: the shared empty work dir, once made
         self._loader = ModuleLoader(self._engine, memory_slots=cfg.module_memory_slots)
         self._pool: Pool[Instance] | None = None
         self._interpreters: dict[str, LoadedModule] = {}
@@ -382,14 +383,11 @@ class WasmExecutor:
         """A warm instance, or a fresh one armed with ``limits``. A fresh one that does not
         ``need_own_dir`` (no files in or out) shares the read-only empty dir, unless this
         node's work dirs are writable."""
-        if warm or needs_own_dir or self.config.writable_workdir:
+        empty = None if warm else self._fresh_dirs()
+        if empty is None or needs_own_dir or self.config.writable_workdir:
             host_dir = HostDir.create(self._run_dir, f"i{next(self._names)}")
         else:
-            host_dir = HostDir.shared_empty(self._run_dir)
-        if not warm and self._pipes is None:
-            pipes = self._run_dir / PIPES_DIR
-            pipes.mkdir(parents=True, exist_ok=True, mode=0o700)
-            self._pipes = pipes
+            host_dir = empty
         try:
             inst = Instance(
                 self._engine,
@@ -404,7 +402,7 @@ class WasmExecutor:
                 source=source,
                 on_dispose=self._untrack,
                 threads=self._threads,
-                pipes=None if warm else self._pipes,
+                pipes=self._pipes,
             )
         except BaseException:
             host_dir.remove()
@@ -412,6 +410,13 @@ class WasmExecutor:
         with self._lock:
             self._live.add(inst)
         return inst
+
+    def _fresh_dirs(self) -> HostDir:
+        """The shared empty work dir, with the output FIFOs' dir beside it (made once)."""
+        if self._empty is None:
+            self._empty = HostDir.shared_empty(self._run_dir)
+            self._pipes.mkdir(mode=0o700, exist_ok=True)
+        return self._empty
 
     def _unstick(self, inst: Instance) -> None:
         with self._lock:

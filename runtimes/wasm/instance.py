@@ -133,15 +133,14 @@ class Instance:
         stdin_data: bytes | None = None,
         source: str | None = None,
         on_dispose: Callable[[Instance], None] | None = None,
-        threads: GuestThreads | None = None,
-        pipes: Path | None = None,
+        threads: GuestThreads,
+        pipes: Path,
     ) -> None:
         """A warm instance has a ``ready_marker`` (stdin is a FIFO); a fresh one gets
         ``stdin_data`` (in memory) and is armed with ``limits`` from the start;
-        a component's ``run`` gets ``source``. The guest runs on one of ``threads``, or on
-        a thread started for it when there are none. A fresh instance's output goes
-        through FIFOs made in ``pipes`` (built on the event loop's thread, which drains
-        them), or, without ``pipes``, through callbacks."""
+        a component's ``run`` gets ``source``. The guest runs on one of ``threads``. A
+        fresh instance's output goes through FIFOs made in ``pipes`` (so it is built on
+        the event loop's thread, which drains them); a warm one's through callbacks."""
         self.id = f"{module.name}-{next(_ids)}"
         self._source = source
         self.engine = engine
@@ -171,7 +170,7 @@ class Instance:
         self.stdout: Capture
         self.stderr: Capture
         self.feeder: PipeFeeder | None = None
-        if ready_marker is None and pipes is not None:
+        if ready_marker is None:
             loop = asyncio.get_running_loop()
             self.stdout = PipeCapture(pipes, f"{self.id}.out", loop)
             try:
@@ -317,10 +316,7 @@ class Instance:
     # --- the guest thread ---------------------------------------------------------------
     def start(self) -> None:
         self._started = True
-        if self._threads is not None:
-            self._threads.run(self._main)
-        else:
-            threading.Thread(target=self._main, name=f"wasm-{self.id}", daemon=True).start()
+        self._threads.run(self._main)
 
     def _main(self) -> None:
         self._ident = threading.get_ident()

@@ -3,7 +3,6 @@
 A fresh instance's stdin is the call's bytes, handed to WASI in memory
 (``set_stdin_bytes``); with none it reads end-of-file at once.
 
-
 The host opens the FIFO read-write and non-blocking *before* WASI opens it for reading
 (so neither open blocks). The guest's read then blocks until the host writes its frame;
 closing the host's descriptor (the only writer) is end-of-file. The feeder writes what the

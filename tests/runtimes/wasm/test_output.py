@@ -93,6 +93,7 @@ async def test_an_instance_that_cannot_be_built_leaves_no_pipe_behind(tmp_path: 
     from runtimes.wasm.engine import WasmEngine
     from runtimes.wasm.instance import CallLimits, Instance, StoreCaps
     from runtimes.wasm.modules import LoadedModule
+    from runtimes.wasm.threads import GuestThreads
     from runtimes.wasm.workdir import HostDir
 
     engine = WasmEngine(WasmConfig(data_dir=tmp_path / "data", pooling=False))
@@ -111,6 +112,7 @@ async def test_an_instance_that_cannot_be_built_leaves_no_pipe_behind(tmp_path: 
                 caps=StoreCaps(table_elements=1000, instances=1, tables=1, memories=1),
                 limits=CallLimits(memory_bytes=16 * MIB, timeout_s=1.0, max_output=100),
                 writable_workdir=False,
+                threads=GuestThreads(),
                 pipes=pipes,
             )
         assert list(pipes.iterdir()) == []
