@@ -17,6 +17,10 @@ Baseline in the same run: the OCI runtime itself on the same image without Corra
 ratio says what the platform adds. Prints one JSON document.
 
     .venv/bin/python bench/sandboxes.py --creates 40 --execs 200 --burst 200 --hold 2000
+
+With ``--compare REV`` it also starts this tree's server and the server of an earlier
+commit side by side and measures exec through the API and through the SDK on both, in
+alternating halves (``exec_compare``).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from fncall import ROOT, Server
+from fncall import ROOT, Server, export
 from stats import latency_summary
 
 IMAGES = ROOT / "var" / "images"
@@ -168,24 +172,74 @@ async def exec_latency(api: Api, n: int) -> dict[str, Any]:
     return latency_summary(samples, wall_s=time.perf_counter() - started, errors=0)
 
 
-def e2b_exec_latency(url: str, key: str, n: int) -> dict[str, Any]:
-    """``commands.run("true")`` through the unchanged ``e2b`` SDK (issue 10's row)."""
-    import os
+class E2BSession:
+    """One sandbox made through the unchanged ``e2b`` SDK, for ``commands.run("true")``."""
 
-    from e2b import Sandbox
+    def __init__(self, url: str, key: str) -> None:
+        from e2b import Sandbox
 
-    os.environ.update(E2B_API_URL=url, E2B_SANDBOX_URL=url, E2B_API_KEY=key)
-    sandbox = Sandbox.create(template="python", timeout=300)
-    samples: list[float] = []
-    started = time.perf_counter()
-    try:
+        os.environ.update(E2B_API_URL=url, E2B_SANDBOX_URL=url, E2B_API_KEY=key)
+        self.sandbox = Sandbox.create(template="python", timeout=300)
+
+    def run(self, n: int) -> tuple[list[float], float]:
+        samples: list[float] = []
+        started = time.perf_counter()
         for _ in range(n):
             t0 = time.perf_counter()
-            sandbox.commands.run("true")
+            self.sandbox.commands.run("true")
             samples.append((time.perf_counter() - t0) * 1000)
+        return samples, time.perf_counter() - started
+
+    def close(self) -> None:
+        self.sandbox.kill()
+
+
+def e2b_exec_latency(url: str, key: str, n: int) -> dict[str, Any]:
+    """``commands.run("true")`` through the unchanged ``e2b`` SDK (issue 10's row)."""
+    session = E2BSession(url, key)
+    try:
+        samples, wall = session.run(n)
     finally:
-        sandbox.kill()
-    return latency_summary(samples, wall_s=time.perf_counter() - started, errors=0)
+        session.close()
+    return latency_summary(samples, wall_s=wall, errors=0)
+
+
+async def exec_compare(sides: dict[str, tuple[str, str]], n: int) -> dict[str, Any]:
+    """``exec true`` through the API and ``commands.run("true")`` through the SDK on two
+    servers (``after``, ``before``), in four halves after-before-before-after, so that a
+    drift of the machine falls on both."""
+    apis = {side: Api(url, key) for side, (url, key) in sides.items()}
+    ids = {side: await api.create(memory_mb=256) for side, api in apis.items()}
+    sdks = {
+        side: await asyncio.to_thread(E2BSession, url, key) for side, (url, key) in sides.items()
+    }
+    samples: dict[str, dict[str, list[float]]] = {s: {"api": [], "sdk": []} for s in sides}
+    walls: dict[str, dict[str, float]] = {s: {"api": 0.0, "sdk": 0.0} for s in sides}
+    try:
+        for side in ("after", "before", "before", "after"):
+            started = time.perf_counter()
+            for _ in range(n // 2):
+                t0 = time.perf_counter()
+                await apis[side].exec(ids[side], ["true"])
+                samples[side]["api"].append((time.perf_counter() - t0) * 1000)
+            walls[side]["api"] += time.perf_counter() - started
+            sdk_samples, wall = await asyncio.to_thread(sdks[side].run, n // 2)
+            samples[side]["sdk"].extend(sdk_samples)
+            walls[side]["sdk"] += wall
+    finally:
+        for side, api in apis.items():
+            await asyncio.to_thread(sdks[side].close)
+            await api.destroy(ids[side])
+            await api.http.aclose()
+    return {
+        side: {
+            f"exec_true{'' if kind == 'api' else '_e2b_sdk'}": latency_summary(
+                samples[side][kind], wall_s=walls[side][kind], errors=0
+            )
+            for kind in ("api", "sdk")
+        }
+        for side in sides
+    }
 
 
 async def creates_per_second(api: Api, n: int, concurrency: int) -> dict[str, Any]:
@@ -315,20 +369,24 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=200)
     parser.add_argument("--hold", type=int, default=500)
     parser.add_argument("--warm", type=int, default=8, help="warm python sandboxes (pool run)")
+    parser.add_argument(
+        "--compare",
+        help="also measure exec (API and SDK) against the server of this earlier commit",
+    )
     args = parser.parse_args()
 
     if not args.url and not (IMAGES / "names" / "python").exists():
         sys.exit("build the python image first: bash scripts/setup-images.sh")
     result: dict[str, Any] = {}
 
-    def serve(warm: int) -> SandboxServer:
+    def serve(warm: int, root: Path = ROOT) -> SandboxServer:
         env = {
             "CORRAL_SANDBOX_BACKENDS": '["crun"]',
             "CORRAL_IMAGES_DIR": str(IMAGES),
             "CORRAL_RUNTIMES": '["nsjail"]',
             "CORRAL_SANDBOX_WARM": json.dumps({"python": warm} if warm else {}),
         }
-        server = SandboxServer(8, "nsjail", env=env)
+        server = SandboxServer(8, "nsjail", env=env, root=root)
         server.wait_ready()
         return server
 
@@ -374,6 +432,23 @@ def main() -> None:
                 raise
             finally:
                 server.stop_and_release()
+    if args.compare and not args.url:
+        tree = export(args.compare)
+        (tree / "var").symlink_to(ROOT / "var")  # the same images and guest binaries
+        guest = "deploy/sandbox/bin"  # built here, not in git
+        shutil.copytree(ROOT / guest, tree / guest, dirs_exist_ok=True)
+        servers = {"after": serve(0), "before": serve(0, tree)}
+        try:
+            sides = {
+                side: (s.url, s.tenant_key(max_concurrent_sandboxes=100_000))
+                for side, s in servers.items()
+            }
+            compared = asyncio.run(exec_compare(sides, args.execs))
+            result["exec_compare"] = {"revision": args.compare, **compared}
+        finally:
+            for server in servers.values():
+                server.stop_and_release()
+            shutil.rmtree(tree, ignore_errors=True)
     image = json.loads((IMAGES / "names" / "python").read_text())["digest"].split(":")[1]
     result["baseline_crun_alone"] = baseline(IMAGES / image / "rootfs", min(args.creates, 40))
     base = result["baseline_crun_alone"]

@@ -252,7 +252,7 @@ async def process_start(request: Request) -> Response:
         )
         if start.tag is not None and start.tag.startswith(INTERNAL_TAG):
             raise BadRequest(f"tags starting {INTERNAL_TAG!r} are Corral's own")
-        log.info("sandbox=%s: e2b start %s", caller.sandbox_id, start.request.cmd[:3])
+        log.debug("sandbox=%s: e2b start %s", caller.sandbox_id, start.request.cmd[:3])
         events = node.start_process(caller.sandbox_id, start)
     except Exception as exc:
         return connect.stream_error(exc)

@@ -1,7 +1,9 @@
 """The gateway's client of a node's sandbox API (``runtimes.sandboxes.http``).
 
 A node's address comes from its catalogue report: ``host:port`` (a separate node) or
-``unix:PATH`` (the node embedded in ``corral serve``); the same requests go to both.
+``unix:PATH`` (the node embedded in ``corral serve``); the same requests go to both. A
+node serving in this same process is called directly, without its socket
+(``runtimes.node.local``).
 Node errors come back as the gateway's own (``app.errors``) with stable codes; a node
 that cannot be reached is ``NodeUnavailable`` (503), never a 500.
 """
@@ -34,6 +36,7 @@ from app.errors import (
     Unsupported,
     ValidationFailed,
 )
+from runtimes.node import local
 from wire.processes import ProcessInfo, ProcessSignal, StartProcess
 from wire.sandboxes import (
     EXEC_EVENT,
@@ -88,12 +91,13 @@ class NodeClient:
     def __init__(self, node_id: str, address: str, token: str) -> None:
         self.node_id = node_id
         self.address = address
+        transport: httpx.AsyncBaseTransport | None = local.transport_for(address)
         if address.startswith("unix:"):
-            transport = httpx.AsyncHTTPTransport(uds=address.removeprefix("unix:"))
             base_url = "http://node"
+            transport = transport or httpx.AsyncHTTPTransport(uds=address.removeprefix("unix:"))
         else:
-            transport = httpx.AsyncHTTPTransport()
             base_url = f"http://{address}"
+            transport = transport or httpx.AsyncHTTPTransport()
         self._http = httpx.AsyncClient(
             transport=transport,
             limits=httpx.Limits(keepalive_expiry=IDLE_CONNECTION_S),

@@ -8,7 +8,9 @@
   has sandbox backends; it alone needs the node token.
 
 A separate node listens on TCP (``node_host:node_port``); a node embedded in ``corral
-serve`` that holds sandboxes listens on a Unix socket in its data dir (mode 0600).
+serve`` that holds sandboxes listens on a Unix socket in its data dir (mode 0600). While
+it serves, its app is also published in its own process (``runtimes.node.local``), so a
+gateway in that process reaches it without the socket.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from runtimes.node import local
 from runtimes.node.agent import NodeAgent
 
 log = logging.getLogger(__name__)
@@ -114,7 +117,8 @@ async def serving(
             bound = server.servers[0].sockets[0].getsockname()
             address = f"{bound[0]}:{bound[1]}"
         log.info("node %s: listening on %s", agent.node_id, address)
-        yield address
+        with local.published(address, app):
+            yield address
     finally:
         server.should_exit = True
         with contextlib.suppress(asyncio.CancelledError):

@@ -110,7 +110,7 @@ class ProcessTable:
         follower.offer(ExecStarted(pid=pid))
         table[pid] = running
         running.pump = asyncio.create_task(self._pump(running), name=f"process-{pid}")
-        log.info("sandbox=%s: process %d started (tag %s)", sandbox_id, pid, start.tag)
+        log.debug("sandbox=%s: process %d started (tag %s)", sandbox_id, pid, start.tag)
         return self._follow(running, follower)
 
     def list(self, sandbox_id: str) -> list[ProcessInfo]:
@@ -172,7 +172,7 @@ class ProcessTable:
                 self._running.pop(running.sandbox_id, None)
             for follower in list(running.followers):
                 follower.offer(None)
-            log.info(
+            log.debug(
                 "sandbox=%s: process %d %s",
                 running.sandbox_id,
                 running.pid,
