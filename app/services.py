@@ -125,7 +125,8 @@ async def open_services(
         if settings.run_migrations:
             await upgrade(engine)
         sessions = make_sessionmaker(engine)
-        writer = BatchWriter(transactions_for(settings.resolved_database_url, sessions))
+        transactions = transactions_for(settings.resolved_database_url, sessions)
+        writer = BatchWriter(transactions)
         await writer.start()
         stack.push_async_callback(writer.close)
 
@@ -221,6 +222,7 @@ async def open_services(
             catalogue=catalogue,
             node_token=token.get_secret_value() if token is not None else None,
             images=images,
+            rows=transactions,
             meter_every_s=settings.sandbox_meter_seconds,
         )
         stack.push_async_callback(sandboxes.close)

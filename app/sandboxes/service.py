@@ -29,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.auth.principal import Principal
 from app.db.models import Sandbox, Snapshot
+from app.db.transactions import RowReader
 from app.errors import (
     ConcurrencyLimited,
     CorralError,
@@ -68,9 +69,11 @@ class Sandboxes:
         catalogue: Catalogue,
         node_token: str | None,
         images: ControlImages,
+        rows: RowReader,
         meter_every_s: float = 60.0,
     ) -> None:
         self._sessions = sessions
+        self._rows = rows
         self._images = images
         self._meter_every_s = meter_every_s
         self._catalogue = catalogue
@@ -85,8 +88,7 @@ class Sandboxes:
 
     # --- records ----------------------------------------------------------------------
     async def get(self, tenant_id: str, sandbox_id: str) -> Sandbox:
-        async with self._sessions() as session:
-            row = await session.get(Sandbox, sandbox_id)
+        row = await self._rows.get(Sandbox, sandbox_id)
         if row is None or row.tenant_id != tenant_id:
             raise NotFound(f"no sandbox {sandbox_id}")
         return row
