@@ -123,7 +123,12 @@ class _Exchange(httpx.AsyncByteStream):
                     httpx.RemoteProtocolError(f"the app failed: {exc!r}", request=self._request)
                 )
             else:
-                log.warning("%s: the app failed after answering: %r", self._request.url.path, exc)
+                log.warning(
+                    "%s: the app failed after answering: %r",
+                    self._request.url.path,
+                    exc,
+                    exc_info=exc,
+                )
                 await self._put(_Failed(exc))
             return
         if not self._head.done():
