@@ -19,6 +19,7 @@ from app.http.errors import HANDLERS
 from app.http.listeners import serving_keyless
 from app.http.middleware import BodySizeLimit, RequestMetrics
 from app.http.openapi import build
+from app.http.routing import TableRouter
 from app.images import routes as images
 from app.metrics import Metrics
 from app.routes import ENDPOINTS
@@ -43,18 +44,22 @@ def create_app(settings: Settings | None = None, *, with_node: bool = True) -> S
                 yield
 
     app = Starlette(
-        routes=[
+        middleware=[
+            Middleware(RequestMetrics, metrics=metrics),
+            Middleware(BodySizeLimit, limit=settings.max_body_bytes),
+        ],
+        exception_handlers=HANDLERS,
+        lifespan=lifespan,
+    )
+    # the routes, looked up by their static paths first (``app.http.routing``)
+    app.router = TableRouter(
+        [
             *(ep.route() for ep in ENDPOINTS),
             *e2b.routes(),
             *images.routes(),
             *artifact_routes.routes(),
             *console.routes(),
         ],
-        middleware=[
-            Middleware(RequestMetrics, metrics=metrics),
-            Middleware(BodySizeLimit, limit=settings.max_body_bytes),
-        ],
-        exception_handlers=HANDLERS,
         lifespan=lifespan,
     )
     app.state.openapi = build(ENDPOINTS, title="Corral", version=VERSION)

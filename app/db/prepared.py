@@ -84,6 +84,21 @@ class Prepared:
         finally:
             cursor.close()
 
+    @staticmethod
+    def query(conn: Connection, sql: str, params: Sequence[Any]) -> list[Any]:
+        """The rows of a SELECT in SQLite's own SQL, run on the driver's cursor (only where
+        ``on_cursor``); the driver's errors raised as ``execute`` raises them."""
+        cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        try:
+            rows: list[Any] = cursor.execute(sql, params).fetchall()
+            return rows
+        except sqlite3.Error as exc:
+            raise DBAPIError.instance(
+                sql, params, exc, sqlite3.Error, dialect=conn.dialect
+            ) from exc
+        finally:
+            cursor.close()
+
     def _compile(self, keys: tuple[str, ...], dialect: Dialect) -> _Compiled:
         compiled: Any = self.statement.compile(dialect=dialect, column_keys=list(keys))
         defaults: dict[str, Any] = {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from app.db.models import Invocation
+from app.db.invocations import StoredInvocation
 from app.invocations.projection import Projection, timings
 from app.schemas.functions import FunctionError, InvokeResponse
 from wire.execution import StageResult, StageStatus
@@ -27,7 +27,7 @@ _STAGE_CODES = {
 
 
 def invoke_response(
-    row: Invocation, projection: Projection, *, function: str, version: int
+    row: StoredInvocation, projection: Projection, *, function: str, version: int
 ) -> InvokeResponse:
     result = projection.result
     stage = (result.run or result.compile) if result else None

@@ -142,11 +142,22 @@ class Authenticator:
 
 
 def presented_key(request: Request) -> str | None:
-    header = request.headers.get("authorization")
-    if header:
-        scheme, _, value = header.partition(" ")
-        if scheme.lower() != "bearer" or not value.strip():
+    """The key of ``Authorization: Bearer`` or else of ``X-API-Key`` (the first of each
+    header), read from the request's raw headers in one pass."""
+    authorization: bytes | None = None
+    api_key: bytes | None = None
+    name: bytes
+    value: bytes
+    for name, value in request.scope["headers"]:
+        if name == b"authorization":
+            if authorization is None:
+                authorization = value
+        elif name == b"x-api-key" and api_key is None:
+            api_key = value
+    if authorization:
+        scheme, _, key = authorization.decode("latin-1").partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
             raise InvalidApiKey("Authorization must be 'Bearer <api key>'")
-        return value.strip()
-    key = request.headers.get("x-api-key")
-    return key.strip() if key and key.strip() else None
+        return key.strip()
+    text = api_key.decode("latin-1").strip() if api_key else ""
+    return text or None

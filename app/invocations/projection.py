@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from app.db import blobs, outputs
-from app.db.models import Invocation
+from app.db.invocations import StoredInvocation
 from app.schemas.run import Timings
 from wire.execution import RunResult
 
@@ -48,7 +48,7 @@ class Projection:
 
 
 async def load(
-    sessions: async_sessionmaker[Any], row: Invocation, budget: ResponseBudget | None = None
+    sessions: async_sessionmaker[Any], row: StoredInvocation, budget: ResponseBudget | None = None
 ) -> Projection:
     """The whole result of ``row``: its large parts read back from their blobs, unless
     ``budget`` has no room left for them."""
@@ -64,19 +64,19 @@ async def load(
     return _joined(row, contents, EXPIRED)
 
 
-def preview(row: Invocation) -> Projection:
+def preview(row: StoredInvocation) -> Projection:
     """The result as the row holds it: large parts as their previews, marked truncated."""
     if row.result is None:
         return Projection(None)
     return _joined(row, {}, LISTED)
 
 
-def _joined(row: Invocation, contents: dict[str, bytes], missing_because: str) -> Projection:
+def _joined(row: StoredInvocation, contents: dict[str, bytes], missing_because: str) -> Projection:
     result, missing = outputs.join_result(row.result or {}, row.stdout, row.stderr, contents)
     return Projection(result, dict.fromkeys(missing, missing_because))
 
 
-def timings(row: Invocation) -> Timings:
+def timings(row: StoredInvocation) -> Timings:
     """The phase timings of a stored invocation."""
     total = None
     if row.finished_at and row.created_at:

@@ -35,7 +35,6 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from app.auth.principal import Principal
 from app.db import invocations
 from app.db.failures import is_connection_failure
-from app.db.models import Invocation
 from app.db.writer import BatchWriter
 from app.dispatch.transport import GatewayTransport
 from app.errors import DatabaseUnavailable, ExecutionTimeout, Unavailable
@@ -96,7 +95,7 @@ class Invocations:
         kind: str = "run",
         function_version_id: str | None = None,
         record: dict[str, Any] | None = None,
-    ) -> Invocation:
+    ) -> invocations.StoredInvocation:
         """Run ``spec`` for ``principal`` and return its stored row."""
         await self.runtime_for(spec.language)
         async with self._admission.admit(
@@ -116,7 +115,7 @@ class Invocations:
         kind: str = "run",
         function_version_id: str | None = None,
         record: dict[str, Any] | None = None,
-    ) -> Invocation:
+    ) -> invocations.StoredInvocation:
         """Start ``spec`` and return its queued row at once (asynchronous invocation).
 
         Admission happens here, so a refusal (429) is still the caller's answer. The
@@ -160,7 +159,7 @@ class Invocations:
         kind: str,
         function_version_id: str | None,
         record: dict[str, Any] | None,
-    ) -> tuple[Invocation, Job]:
+    ) -> tuple[invocations.StoredInvocation, Job]:
         """Place, commit the row with its Job, then dispatch the Job. The placement
         counts against its node until the dispatch is over (``Placement.landed``)."""
         placement = await self._placement.place(spec.language, principal.tenant_id)
@@ -207,7 +206,7 @@ class Invocations:
         finally:
             placement.landed()
 
-    async def _record(self, create: invocations.Create) -> Invocation:
+    async def _record(self, create: invocations.Create) -> invocations.StoredInvocation:
         """Commit ``create``'s row. A connection lost during the commit leaves it unknown
         whether the row was made durable (and the reconciler would run a stored Job): a
         "not recorded" answer could then be false, and a retrying client would run the
@@ -252,7 +251,10 @@ class Invocations:
             return row  # type: ignore[no-any-return]
 
     async def _hold(
-        self, slot: contextlib.AbstractAsyncContextManager[float], row: Invocation, timeout: float
+        self,
+        slot: contextlib.AbstractAsyncContextManager[float],
+        row: invocations.StoredInvocation,
+        timeout: float,
     ) -> None:
         """Keep an asynchronous invocation's admission slot until it is stored."""
         try:
@@ -267,8 +269,8 @@ class Invocations:
             await slot.__aexit__(None, None, None)
 
     async def _answer(
-        self, principal: Principal, row: Invocation, outcome: Outcome | None
-    ) -> Invocation:
+        self, principal: Principal, row: invocations.StoredInvocation, outcome: Outcome | None
+    ) -> invocations.StoredInvocation:
         if outcome is not None:
             for column, value in outcome.items():
                 setattr(row, column, value)

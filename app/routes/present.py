@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from app.db.models import Invocation
+from app.db.invocations import StoredInvocation
 from app.invocations.projection import Projection, timings
 from app.schemas.invocations import InvocationOut
 from app.schemas.run import RunResponse
 
 
-def run_response(row: Invocation, projection: Projection) -> RunResponse:
+def run_response(row: StoredInvocation, projection: Projection) -> RunResponse:
     return RunResponse(**_fields(row, projection))
 
 
-def invocation_out(row: Invocation, projection: Projection) -> InvocationOut:
+def invocation_out(row: StoredInvocation, projection: Projection) -> InvocationOut:
     return InvocationOut(
         **_fields(row, projection),
         kind=row.kind,
@@ -24,7 +24,7 @@ def invocation_out(row: Invocation, projection: Projection) -> InvocationOut:
     )
 
 
-def _fields(row: Invocation, projection: Projection) -> dict[str, object]:
+def _fields(row: StoredInvocation, projection: Projection) -> dict[str, object]:
     result = projection.result
     return {
         "invocation_id": row.id,

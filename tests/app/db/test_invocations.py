@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import fields
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -314,3 +315,9 @@ async def test_retention_deletes_what_outlived_it_and_nothing_open_or_uncounted(
     assert left == ["inv_2"]  # open: the reconciler's
     assert sorted(unrolled) == ["inv_3", "inv_4"]  # not counted in the rollups yet: kept
     assert await stored_blobs(sessions) == []  # inv_4's went with its row
+
+
+def test_the_row_record_has_exactly_the_tables_columns() -> None:
+    """``InvocationRow`` stands in for ``Invocation`` on the hot path: the same columns,
+    so that an answer built from either shows the same fields."""
+    assert {f.name for f in fields(inv.InvocationRow)} == set(Invocation.__table__.columns.keys())

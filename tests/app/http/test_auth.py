@@ -1,5 +1,6 @@
 """The key cache: calls in flight when a key's entry expires share one database read, and
-a change to the tenant during that read is not cached over."""
+a change to the tenant during that read is not cached over; which header's key a request
+presents."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from starlette.requests import Request
 from starlette.testclient import TestClient
 
 from app.db import tenants
+from app.errors import InvalidApiKey
+from app.http.auth import presented_key
 from tests.conftest import ADMIN
 
 
@@ -64,3 +68,30 @@ def test_a_tenant_disabled_during_a_lookup_is_not_cached_enabled(
     assert client.portal is not None
     client.portal.call(race)
     assert tenant["key"] not in authenticator._cache
+
+
+@pytest.mark.parametrize(
+    ("headers", "presented"),
+    [
+        ([(b"authorization", b"Bearer  k1 ")], "k1"),
+        ([(b"x-api-key", b" k2")], "k2"),
+        ([(b"x-api-key", b"k2"), (b"authorization", b"bearer k1")], "k1"),
+        ([(b"authorization", b"Bearer k1"), (b"authorization", b"Bearer k3")], "k1"),
+        ([(b"x-api-key", b"  ")], None),
+        ([], None),
+    ],
+)
+def test_the_presented_key_comes_from_authorization_first(
+    headers: list[tuple[bytes, bytes]], presented: str | None
+) -> None:
+    request = Request({"type": "http", "method": "GET", "path": "/", "headers": headers})
+    assert presented_key(request) == presented
+
+
+@pytest.mark.parametrize("value", [b"Basic abc", b"Bearer", b"Bearer   "])
+def test_an_authorization_that_is_not_a_bearer_key_is_refused(value: bytes) -> None:
+    request = Request(
+        {"type": "http", "method": "GET", "path": "/", "headers": [(b"authorization", value)]}
+    )
+    with pytest.raises(InvalidApiKey):
+        presented_key(request)
