@@ -1,19 +1,23 @@
 """The default ``python`` image that scripts/setup-images.sh builds (once per machine):
-python3, pip, venv, git, gcc, ipykernel and the sandbox ``user`` account."""
+python3, pip, venv, git, gcc, ipykernel, the sandbox ``user`` account and a login
+profile that forks nothing."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from runtimes.images import Image, ImageNotFound, ImageStore
+from runtimes.images.debootstrap import quick_uid
 from runtimes.node.settings import NodeSettings
 from tests.requirements import missing
 
 ROOT = Path(__file__).resolve().parents[3]
+CHROOT = shutil.which("chroot") or "/usr/sbin/chroot"
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +87,29 @@ def test_python_image_is_lean_and_recorded(python_image: Image) -> None:
     assert "python3-ipykernel" in python_image.packages
     assert python_image.env["PATH"].startswith("/usr/local/sbin")
     assert 100e6 < python_image.size_bytes < 1e9
+
+
+def test_a_login_shell_takes_its_uid_from_bash() -> None:
+    """Debian's /etc/profile asks ``id -u`` in a subshell; the image's asks bash first."""
+    debian = 'if [ "$(id -u)" -eq 0 ]; then\n  PATH="/sbin"\nfi\n'
+    assert quick_uid(debian) == 'if [ "${EUID:-$(id -u)}" -eq 0 ]; then\n  PATH="/sbin"\nfi\n'
+    assert quick_uid("PATH=/bin\n") == "PATH=/bin\n"
+
+
+def test_python_image_login_shells_run_no_id(python_image: Image) -> None:
+    """With no ``id`` to be found, a login bash still chooses the right PATH for the user
+    and for root (a ``$(id -u)`` would fail: 'integer expression expected')."""
+    profile = (python_image.rootfs / "etc/profile").read_text()
+    assert "${EUID:-$(id -u)}" in profile
+    login = ("/bin/bash", "-l", "-c", 'echo "$PATH"')  # no PATH of the host's to find id
+    for user, expected in (("1000:1000", "/usr/games"), ("0:0", "/usr/sbin")):
+        done = subprocess.run(
+            [CHROOT, f"--userspec={user}", str(python_image.rootfs), *login],
+            capture_output=True,
+            text=True,
+            env={"PATH": "/nonexistent", "HOME": "/home/user"},
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0 and done.stderr == "", done.stderr
+        assert expected in done.stdout, done.stdout
