@@ -3,8 +3,10 @@
 The program reads the input (JSON) from stdin, sends anything the user's code prints to
 stderr (the invocation's logs), calls the entry point with the parsed input and writes
 the JSON result, alone, to stdout. An exception ends it with exit code 1 and the
-traceback on stderr. The user's source travels inside the generated program as a string
-literal, so one ``RunSpec.code`` carries everything and no file is needed.
+traceback on stderr. No file is needed: a Python function runs as
+``wire.functions.PYTHON_DRIVER``, the same program for every function, with the function
+itself on stdin beside the input (so a runtime can keep that program compiled); a
+JavaScript function's source travels inside its generated program as a string literal.
 
 A raw ``wasm`` module follows the convention itself: it gets the input on stdin and must
 write its JSON result to stdout.
@@ -16,44 +18,7 @@ import json
 
 from app.functions.languages import Driver
 from wire.execution import RunLimits, RunSpec
-
-_PYTHON = """\
-import json as _json
-import linecache as _linecache
-import sys as _sys
-
-_SOURCE = {source}
-_ENTRY = {entry}
-_FILE = "<function>"
-
-
-def _corral_main():
-    out = _sys.stdout
-    _sys.stdout = _sys.stderr  # the user's prints are logs
-    data = _json.loads(_sys.stdin.read() or "null")
-    _linecache.cache[_FILE] = (len(_SOURCE), None, _SOURCE.splitlines(True), _FILE)
-    namespace = {{"__name__": "function", "__builtins__": __builtins__}}
-    exec(compile(_SOURCE, _FILE, "exec"), namespace)
-    entry = namespace.get(_ENTRY)
-    if not callable(entry):
-        _sys.stderr.write(f"corral: entry point {{_ENTRY!r}} is not a function\\n")
-        raise SystemExit(1)
-    result = entry(data)
-    if hasattr(result, "__await__"):
-        import asyncio
-
-        async def _wait():
-            return await result
-
-        result = asyncio.run(_wait())
-    text = _json.dumps(result, allow_nan=False)
-    _sys.stderr.flush()
-    out.write(text)
-    out.flush()
-
-
-_corral_main()
-"""
+from wire.functions import PYTHON_DRIVER, python_call
 
 _NODE_IO = """\
 const __corral_io = {
@@ -109,9 +74,8 @@ console.log = console.info = console.debug = console.warn = console.error = __co
 
 
 def driver_source(driver: Driver, source: str, entry_point: str) -> str:
-    """The program to run for ``source`` (the user's code) with this ``driver``."""
-    if driver is Driver.PYTHON:
-        return _PYTHON.format(source=repr(source), entry=repr(entry_point))
+    """The program to run for ``source`` (the user's code) with this JavaScript
+    ``driver``."""
     if driver in (Driver.NODE, Driver.QUICKJS):
         io = _NODE_IO if driver is Driver.NODE else _QUICKJS_IO
         return io + _JS_MAIN.format(source=json.dumps(source), entry=entry_point)
@@ -130,10 +94,15 @@ def build_spec(
 ) -> RunSpec:
     """The ``RunSpec`` of one invocation: the driver program, the input on stdin. A module
     goes by its digest (``RunSpec.artifact``): the node has it, or fetches it once."""
-    stdin = json.dumps(input_value, separators=(",", ":"))
     if driver is Driver.MODULE:
+        stdin = json.dumps(input_value, separators=(",", ":"))
         return RunSpec(
             language=language, code="", stdin=stdin, artifact=artifact_digest, limits=limits
         )
-    code = driver_source(driver, artifact.decode("utf-8"), entry_point)
+    source = artifact.decode("utf-8")
+    if driver is Driver.PYTHON:  # one program for every function, the function on stdin
+        stdin = python_call(source, entry_point, input_value)
+        return RunSpec(language=language, code=PYTHON_DRIVER, stdin=stdin, limits=limits)
+    code = driver_source(driver, source, entry_point)
+    stdin = json.dumps(input_value, separators=(",", ":"))
     return RunSpec(language=language, code=code, stdin=stdin, limits=limits)

@@ -27,6 +27,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from wire.functions import PYTHON_DRIVER
+
 log = logging.getLogger(__name__)
 
 COMPONENT_FILE = "python-component.wasm"
@@ -34,6 +36,11 @@ MANIFEST_FILE = "python-component.json"
 WORLD = "runner"
 APP = "corral_python"
 GUEST_FILES = ("runner.wit", "corral_python.py")
+#: The module the build writes beside the guest: the programs the snapshot keeps compiled.
+PROGRAMS_MODULE = "corral_programs.py"
+#: Programs every call of a kind runs, compiled once in the snapshot (the guest's
+#: ``run`` takes their code objects instead of compiling them again).
+PROGRAMS = (PYTHON_DRIVER,)
 TOOL = "componentize-py"
 #: A component's preamble: ``\0asm``, version 0x0d, layer 1 (a core module's layer is 0).
 COMPONENT_PREAMBLE = b"\0asm\x0d\x00\x01\x00"
@@ -65,11 +72,17 @@ def _guest_dir() -> Path:
 
 
 def source_digest() -> str:
-    """What a build depends on: the guest's files and the tool's version."""
+    """What a build depends on: the guest's files, its programs and the tool's version."""
     digest = hashlib.sha256(f"{TOOL}=={tool_version()}\n".encode())
     for name in GUEST_FILES:
         digest.update(name.encode() + b"\0" + (_guest_dir() / name).read_bytes() + b"\0")
+    digest.update(PROGRAMS_MODULE.encode() + b"\0" + programs_module().encode() + b"\0")
     return digest.hexdigest()
+
+
+def programs_module() -> str:
+    """The source of ``PROGRAMS_MODULE``: ``PROGRAMS`` as literals."""
+    return f"PROGRAMS = {PROGRAMS!r}\n"
 
 
 def current(directory: Path) -> Built | None:
@@ -95,6 +108,7 @@ def build(directory: Path, *, timeout_s: float = 300.0) -> Built:
         work = Path(tmp)
         for name in GUEST_FILES:
             (work / name).write_bytes((_guest_dir() / name).read_bytes())
+        (work / PROGRAMS_MODULE).write_text(programs_module())
         out = work / COMPONENT_FILE
         argv = [
             sys.executable,

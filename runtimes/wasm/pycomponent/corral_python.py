@@ -7,7 +7,10 @@ discarded), so calls share nothing. A module not imported here cannot be importe
 call: the snapshot carries no file system with the standard library.
 
 What the snapshot would otherwise share between calls is renewed in ``run``: the random
-generator's state (seeded once at build time) and ``__main__``'s namespace.
+generator's state (seeded once at build time) and ``__main__``'s namespace. The code
+objects of ``corral_programs.PROGRAMS`` (written beside this module by the build) are
+compiled here once and shared; code objects are immutable, and each call runs in an
+instance of its own.
 
 Sleeping goes through the host (``wit_world.sleep``), which caps a sleep at the call's
 deadline and wakes it when the runtime closes; a sleep inside WASI's own clocks would
@@ -41,6 +44,7 @@ import random  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 
+import corral_programs  # noqa: E402
 import wit_world  # noqa: E402
 
 
@@ -80,6 +84,9 @@ os._exit = _exit
 sys.stdout = sys.__stdout__ = _stream(1, "strict")
 sys.stderr = sys.__stderr__ = _stream(2, "backslashreplace")
 _PATH = list(sys.path)
+# The calling conventions' programs (written here by the build: the Python tool-function
+# driver), compiled once: a call that runs one takes its code object from the snapshot.
+_COMPILED = {text: compile(text, "main.py", "exec") for text in corral_programs.PROGRAMS}
 sys.addaudithook(_audit)
 
 
@@ -98,7 +105,8 @@ class WitWorld(wit_world.WitWorld):
             pass
         status: object = 0
         try:
-            exec(compile(source, "main.py", "exec"), main)
+            code = _COMPILED.get(source)
+            exec(code if code is not None else compile(source, "main.py", "exec"), main)
         except SystemExit as exc:
             status = exc.code
         except _Exit as exc:

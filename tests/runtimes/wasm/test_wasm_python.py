@@ -12,6 +12,7 @@ import pytest
 
 from runtimes.wasm import WasmRuntime, pycomponent
 from wire.execution import StageStatus
+from wire.functions import PYTHON_DRIVER, python_call
 
 RunFn = Callable[..., Any]
 
@@ -267,3 +268,21 @@ async def test_a_guest_blocked_in_select_is_answered_at_its_deadline(
     assert result.run.status is StageStatus.TIME_LIMIT, result.run
     assert result.run.message and "abandoned" in result.run.message
     assert result.run.wall_ms < 5000
+
+
+async def test_the_function_driver_runs_compiled_from_the_snapshot(
+    runtime: WasmRuntime, run: RunFn
+) -> None:
+    """The tool-function driver is compiled into the snapshot (``pycomponent.PROGRAMS``):
+    the guest holds its code object, and a call running it gets the function's answer."""
+    probe = "import sys\nprint(sorted(sys.modules['corral_python']._COMPILED) == [DRIVER])"
+    result = await run(runtime, f"DRIVER = {PYTHON_DRIVER!r}\n{probe}")
+    assert result.run is not None and result.run.stdout == "True\n", result.run
+    source = (
+        "def handler(event):\n    print('adding')\n    return {'sum': event['a'] + event['b']}\n"
+    )
+    result = await run(
+        runtime, PYTHON_DRIVER, stdin=python_call(source, "handler", {"a": 2, "b": 3})
+    )
+    assert result.run is not None and result.run.ok, result.run
+    assert (result.run.stdout, result.run.stderr) == ('{"sum": 5}', "adding\n")
