@@ -15,7 +15,7 @@ Outcome = dict[str, Any]
 
 class Waiters:
     def __init__(self) -> None:
-        self._futures: dict[str, asyncio.Future[Outcome]] = {}
+        self._futures: dict[str, asyncio.Future[Outcome | None]] = {}
 
     def expect(self, invocation_id: str) -> None:
         """Register interest before the work is dispatched (so no outcome is missed)."""
@@ -26,11 +26,13 @@ class Waiters:
         """The stored outcome, or None if it did not come in time (read the row then)."""
         self.expect(invocation_id)
         future = self._futures[invocation_id]
+        # a timer that answers None, rather than wait_for around a shield: the future is
+        # this waiter's own (it leaves the table below), so nothing else needs it intact
+        timer = asyncio.get_running_loop().call_later(timeout, _expire, future)
         try:
-            return await asyncio.wait_for(asyncio.shield(future), timeout)
-        except TimeoutError:
-            return None
+            return await future
         finally:
+            timer.cancel()
             self._futures.pop(invocation_id, None)
 
     def forget(self, invocation_id: str) -> None:
@@ -50,3 +52,8 @@ class Waiters:
         for future in self._futures.values():
             future.cancel()
         self._futures.clear()
+
+
+def _expire(future: asyncio.Future[Outcome | None]) -> None:
+    if not future.done():
+        future.set_result(None)

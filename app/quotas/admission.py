@@ -34,9 +34,13 @@ log = logging.getLogger(__name__)
 
 async def _forgiving(release: Coroutine[Any, Any, None], whose: str) -> None:
     """Give a slot or a queue place back; if the counters cannot be reached, the lease
-    expires on its own, and the request (whose work may be done) is not failed for it."""
+    expires on its own, and the request (whose work may be done) is not failed for it.
+
+    The release runs in an eager task: one that needs no I/O (the in-process counters)
+    is over before the task is returned, with no loop iteration in between; one that
+    waits (Redis) goes on in its task even if the caller is cancelled meanwhile."""
     try:
-        await asyncio.shield(release)
+        await asyncio.shield(asyncio.eager_task_factory(asyncio.get_running_loop(), release))
     except Exception as exc:
         log.warning("%s: releasing an admission lease failed (%r); it will expire", whose, exc)
 

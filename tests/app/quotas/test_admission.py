@@ -591,3 +591,39 @@ async def test_readings_missed_together_are_read_once() -> None:
 
     got = await asyncio.gather(*(readings._cached("cpu", "t", slow) for _ in range(20)))
     assert got == [7.0] * 20 and len(opened) == 1
+
+
+async def test_a_release_that_waits_finishes_when_its_caller_is_cancelled() -> None:
+    """The slot's release runs in a task of its own (an eager one): a caller cancelled
+    while the counters are slow to answer does not cut the release short."""
+
+    class SlowRelease(MemoryCounters):
+        def __init__(self) -> None:
+            super().__init__()
+            self.releasing = asyncio.Event()
+            self.go = asyncio.Event()
+
+        async def release_slot(self, tenant_id: str, *, lease_id: str) -> None:
+            self.releasing.set()
+            await self.go.wait()
+            await super().release_slot(tenant_id, lease_id=lease_id)
+
+    counters = SlowRelease()
+    admission = Admission(counters, FakeReadings(), queue_seconds=0, queue_depth=1)  # type: ignore[arg-type]
+
+    async def call() -> None:
+        async with admission.admit(TENANT, quota(), wall_seconds=1.0):
+            pass
+
+    task = asyncio.create_task(call())
+    await asyncio.wait_for(counters.releasing.wait(), 10)
+    assert counters.active(TENANT) == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    counters.go.set()
+    await until(lambda: _returns(counters.active(TENANT) == 0))
+
+
+async def _returns(value: bool) -> bool:
+    return value
