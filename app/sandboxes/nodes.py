@@ -68,6 +68,7 @@ _ERRORS: dict[str, type[CorralError]] = {
     "image_fetch_failed": ImageFetchFailed,
     "snapshot_not_found": NotFound,
     "snapshot_in_use": Conflict,
+    "pause_failed": Conflict,
     "no_capacity": NoCapacity,
     "validation_error": ValidationFailed,
     "bad_request": BadRequest,

@@ -35,7 +35,7 @@ from runtimes.sandboxes.base import (
     SnapshotFiles,
     Usage,
 )
-from runtimes.sandboxes.crun import bundle, mounts, spawn
+from runtimes.sandboxes.crun import bundle, freezer, mounts, spawn
 from runtimes.sandboxes.crun.process import Child, CrunProcess
 from runtimes.sandboxes.inotify import InotifyWatch
 from runtimes.sandboxes.network import Attachment, Network
@@ -297,7 +297,13 @@ class CrunBackend(SandboxBackend):
 
     async def pause(self, sandbox_id: str) -> None:
         await self._require(sandbox_id)
+        await self._freeze(sandbox_id)
+
+    async def _freeze(self, sandbox_id: str) -> None:
+        """``crun pause``, then wait until the kernel has stopped every task in the
+        sandbox (``freezer.settle_frozen``): the runtime only starts the freeze."""
         await self._runtime("pause", self._cid(sandbox_id))
+        await freezer.settle_frozen(self._cgroup("freezer", sandbox_id) / "freezer.state")
 
     async def resume(self, sandbox_id: str) -> None:
         await self._require(sandbox_id)
@@ -507,7 +513,7 @@ class CrunBackend(SandboxBackend):
         staging = target.with_name(target.name + ".partial")
         frozen = (self._cgroup("freezer", sandbox_id) / "freezer.state").read_text().strip()
         if frozen == "THAWED":
-            await self._runtime("pause", self._cid(sandbox_id))
+            await self._freeze(sandbox_id)
         try:
             await asyncio.to_thread(staging.parent.mkdir, parents=True, exist_ok=True)
             # cp -a keeps overlayfs's whiteouts (0/0 devices) and opaque-dir xattrs

@@ -151,6 +151,24 @@ async def test_pause_freezes_and_resume_thaws(crun: CrunBackend, busybox_image: 
     assert (await run(crun, "sbx-pause", ["echo", "back"])).stdout == "back\n"
 
 
+async def test_a_pause_returns_only_once_busy_processes_are_frozen(
+    crun: CrunBackend, busybox_image: RootImage
+) -> None:
+    """``crun pause`` only starts the freeze: with busy tasks the group reads FREEZING
+    when it returns. The backend's pause is done only when the kernel says FROZEN."""
+    await crun.create(spec("sbx-busy"), busybox_image)
+    loop = "while :; do echo x > /tmp/f; cat /tmp/f > /dev/null; done"
+    for _ in range(4):
+        await crun.exec("sbx-busy", ExecRequest(cmd=["sh", "-c", loop]), default_user="user")
+    await asyncio.sleep(0.3)
+    for _ in range(5):
+        await crun.pause("sbx-busy")
+        assert cgroup_file("freezer", "sbx-busy", "freezer.state").strip() == "FROZEN"
+        await crun.resume("sbx-busy")
+        await asyncio.sleep(0.05)
+    await crun.destroy("sbx-busy")
+
+
 async def test_destroy_releases_mounts_cgroups_and_files(
     crun: CrunBackend, busybox_image: RootImage, tmp_path: Path
 ) -> None:

@@ -181,13 +181,18 @@ async def test_a_create_claims_a_warm_paused_sandbox_with_its_own_limits(
     await m.start()
     warm_ids: list[str] = []
     try:
-        for _ in range(100):
-            warm_ids = [p.name for p in (tmp_path / "data" / "sandboxes").glob("warm-*")]
-            if len(warm_ids) >= 2:
+        # a warm sandbox's directory appears when its create starts; it is in the pool
+        # (and must be frozen) only once its pause has settled
+        for _ in range(200):
+            stats = m.pool_stats()
+            if stats["warm"] >= 2 and stats["starting"] == 0:
                 break
             await asyncio.sleep(0.05)
-        assert len(warm_ids) >= 2
-        assert cgroup_file("freezer", warm_ids[0], "freezer.state").strip() == "FROZEN"
+        assert m.pool_stats()["warm"] >= 2
+        warm_ids = [p.name for p in (tmp_path / "data" / "sandboxes").glob("warm-*")]
+        assert len(warm_ids) == m.pool_stats()["warm"]
+        for warm_id in warm_ids:
+            assert cgroup_file("freezer", warm_id, "freezer.state").strip() == "FROZEN"
         status = await m.create(spec("sbx-claimed", memory_mb=96, pids=48, env={"E": "1"}))
         assert status.state is SandboxState.RUNNING
         claimed = (tmp_path / "data" / "sandboxes" / "sbx-claimed").resolve().name
