@@ -56,6 +56,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import QueuePool
 
 from app.db.engine import sqlite_pragmas
+from app.db.reads import KeyRead
 
 log = logging.getLogger(__name__)
 
@@ -92,11 +93,16 @@ class Transactions(Protocol):
     async def get[M](self, model: type[M], key: str) -> M | None:
         """The committed row of ``model`` whose primary key is ``key`` (detached), or None."""
 
+    async def read(self, query: KeyRead, key: str) -> tuple[Any, ...] | None:
+        """``query``'s columns of the committed row whose key is ``key``, or None."""
+
 
 class RowReader(Protocol):
     """Reads a committed row by its primary key (what a committer also does)."""
 
     async def get[M](self, model: type[M], key: str) -> M | None: ...
+
+    async def read(self, query: KeyRead, key: str) -> tuple[Any, ...] | None: ...
 
 
 def apply_batchables(conn: Connection, ops: Sequence[Write]) -> list[Any]:
@@ -136,6 +142,11 @@ class SessionTransactions:
         async with self._sessions() as session:
             row: M | None = await session.get(model, key)
         return row
+
+    async def read(self, query: KeyRead, key: str) -> tuple[Any, ...] | None:
+        async with self._sessions() as session:
+            row = (await session.execute(query.statement, {"key": key})).first()
+        return None if row is None else tuple(row)
 
     async def close(self) -> None:
         return None
@@ -212,6 +223,16 @@ class SQLiteTransactions:
             self.read_busy += 1
         return await self._fallback.get(model, key)
 
+    async def read(self, query: KeyRead, key: str) -> tuple[Any, ...] | None:
+        """As ``get``: on the loop's connection, through a session should SQLite be busy."""
+        try:
+            return self._loop_conn.read(query, key)
+        except OperationalError as exc:
+            if not _is_busy(exc):
+                raise
+            self.read_busy += 1
+        return await self._fallback.read(query, key)
+
     def _commit_in_thread(self, ops: Sequence[Write], checkpoint: bool) -> list[Any]:
         results = self._thread_conn.commit(ops)
         if checkpoint:
@@ -274,6 +295,21 @@ class _KeptConnection:
         try:
             with Session(bind=conn, expire_on_commit=False) as session:
                 return session.get(model, key)
+        except BaseException:
+            if conn.invalidated or conn.closed:
+                self.close()
+            raise
+        finally:
+            if not conn.closed and conn.in_transaction():
+                conn.rollback()
+
+    def read(self, query: KeyRead, key: str) -> tuple[Any, ...] | None:
+        """``query`` on this connection, its implicit read transaction ended with it."""
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = self._engine.connect()
+        try:
+            return query.on(conn, key)
         except BaseException:
             if conn.invalidated or conn.closed:
                 self.close()

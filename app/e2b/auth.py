@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request
 
 from app.auth.principal import Principal
-from app.db.models import Sandbox
 from app.errors import InvalidApiKey, NotFound, Unauthenticated
+from app.sandboxes.place import SandboxPlace
 
 if TYPE_CHECKING:
     from app.services import Services
@@ -59,7 +59,7 @@ async def tenant(request: Request) -> tuple[Principal, str]:
 @dataclass(frozen=True, slots=True)
 class SandboxCaller:
     principal: Principal
-    row: Sandbox
+    row: SandboxPlace
 
     @property
     def sandbox_id(self) -> str:
@@ -82,7 +82,7 @@ async def sandbox_caller(request: Request) -> SandboxCaller:
         principal = await services(request).authenticator.tenant_for(key)
     except InvalidApiKey as exc:
         raise InvalidApiKey("the access token is not valid") from exc
-    row = await services(request).sandboxes.get(principal.tenant_id, sandbox_id)
+    row = await services(request).sandboxes.place(principal.tenant_id, sandbox_id)
     return SandboxCaller(principal, row)
 
 

@@ -43,6 +43,7 @@ from app.placement.catalogue import Catalogue
 from app.sandboxes import lifetime, listing, metering
 from app.sandboxes.listing import LIVE
 from app.sandboxes.nodes import NodeClient
+from app.sandboxes.place import PLACE, Placed, SandboxPlace
 from app.schemas.sandboxes import DEFAULT_TTL_S, CreateSandbox
 from wire.ids import new_id
 from wire.messages import NodeReport
@@ -92,6 +93,16 @@ class Sandboxes:
         if row is None or row.tenant_id != tenant_id:
             raise NotFound(f"no sandbox {sandbox_id}")
         return row
+
+    async def place(self, tenant_id: str, sandbox_id: str) -> SandboxPlace:
+        """Where the tenant's sandbox lives and its state (``app.sandboxes.place``)."""
+        values = await self._rows.read(PLACE, sandbox_id)
+        if values is None:
+            raise NotFound(f"no sandbox {sandbox_id}")
+        place = SandboxPlace.of(values)
+        if place.tenant_id != tenant_id:
+            raise NotFound(f"no sandbox {sandbox_id}")
+        return place
 
     async def list_sandboxes(
         self,
@@ -287,7 +298,7 @@ class Sandboxes:
             client = self._clients[key] = NodeClient(report.node_id, report.address, self._token)
         return client
 
-    async def node_of(self, row: Sandbox) -> NodeClient:
+    async def node_of(self, row: Placed) -> NodeClient:
         """The client of the node holding a live sandbox."""
         if row.state == SandboxState.STOPPED.value:
             from app.errors import SandboxNotRunning
@@ -347,12 +358,11 @@ class Sandboxes:
     async def exec(
         self, tenant_id: str, sandbox_id: str, request: ExecRequest
     ) -> AsyncIterator[ExecEvent]:
-        row = await self.get(tenant_id, sandbox_id)
-        node = await self.node_of(row)
+        node = await self.node_of(await self.place(tenant_id, sandbox_id))
         return node.exec(sandbox_id, request)
 
     async def node_for(self, tenant_id: str, sandbox_id: str) -> NodeClient:
-        return await self.node_of(await self.get(tenant_id, sandbox_id))
+        return await self.node_of(await self.place(tenant_id, sandbox_id))
 
     # --- snapshots and forks --------------------------------------------------------------
     async def snapshot(self, tenant_id: str, sandbox_id: str) -> Snapshot:

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from sqlalchemy import Connection, Engine, bindparam, create_engine, event, insert, update
+from sqlalchemy import bindparam, create_engine, event, insert, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -123,22 +122,6 @@ class BlobIds:
     def new_id(self, prefix: str) -> str:
         self.n += 1
         return f"{prefix}_{self.n:020d}"
-
-
-@pytest.fixture
-def executed() -> Iterator[list[str]]:
-    """Statements that went through ``Connection.execute`` on SQLite's own driver."""
-    seen: list[str] = []
-
-    def listen(conn: Connection, _cursor: Any, statement: str, *_: Any) -> None:
-        if conn.dialect.driver == "pysqlite":
-            seen.append(statement.split()[0])
-
-    event.listen(Engine, "before_cursor_execute", listen)
-    try:
-        yield seen
-    finally:
-        event.remove(Engine, "before_cursor_execute", listen)
 
 
 async def test_the_same_rows_as_connection_execute(
