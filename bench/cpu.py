@@ -1,0 +1,155 @@
+"""Where a call's CPU goes: per process and per thread, of the server's whole tree.
+
+Runs a workload at one concurrency against a fresh ``corral serve`` and reads
+``/proc/<pid>/task/*/stat`` of every process of the server's tree before and after, and
+``/proc/stat`` for the machine: CPU milliseconds per call of each process's busiest
+threads, of the machine, and of this load generator. A process or thread that starts
+and ends within the run (a jail's per-call child) is in the machine's figure only. The
+baseline in the same run is the gateway alone (the fake runtime, ``/v1/run``), so a row
+shows what its runtime adds. Prints JSON.
+
+    .venv/bin/python bench/cpu.py --workload fib-c --requests 6000 --concurrency 32
+    .venv/bin/python bench/cpu.py --workload nsjail --requests 4000 --concurrency 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+from collections import defaultdict
+from typing import Any
+
+from fncall import Server, dev_env
+from httpload import load
+
+from functions import fib_module, register
+
+TICK = os.sysconf("SC_CLK_TCK")
+#: workload -> (runtimes of the server, path, body, function to register or None)
+WORKLOADS: dict[str, tuple[str, str, dict[str, Any], dict[str, Any] | None]] = {
+    "fake": ("fake", "/v1/run", {"language": "fake", "code": "{}"}, None),
+    "nsjail": ("nsjail", "/v1/run", {"language": "python", "code": "print(1)"}, None),
+    "fib-c": ("nsjail,wasm", "/v1/functions/fib-c/invoke", {"n": 20}, {"name": "fib-c"}),
+}
+
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and its descendants."""
+    found = [pid]
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                for child in f.read().split():
+                    found += tree(int(child))
+    except FileNotFoundError:
+        pass
+    return found
+
+
+def threads(pids: list[int]) -> dict[tuple[int, int], tuple[str, float]]:
+    """(pid, tid) -> (the process's name, the thread's CPU seconds)."""
+    out: dict[tuple[int, int], tuple[str, float]] = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                name = f.read().strip()
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                out[(pid, int(tid))] = (name, (int(fields[11]) + int(fields[12])) / TICK)
+        except FileNotFoundError:
+            continue
+    return out
+
+
+def machine_busy_s() -> float:
+    with open("/proc/stat") as f:
+        values = list(map(int, f.readline().split()[1:]))
+    return (sum(values) - values[3] - values[4]) / TICK
+
+
+def measure(workload: str, requests: int, concurrency: int) -> dict[str, Any]:
+    runtimes, path, body, function = WORKLOADS[workload]
+    server = Server(8, runtimes, env=dev_env(runtimes))
+    try:
+        server.wait_ready()
+        key = server.tenant_key()
+        if function is not None:
+            register(
+                server.url,
+                key,
+                {
+                    **function,
+                    "language": "wasm",
+                    "module_base64": fib_module(),
+                    "input_schema": {"type": "object"},
+                },
+            )
+        headers = {"Authorization": f"Bearer {key}"}
+        asyncio.run(load(server.url, path, body, headers, requests=300, concurrency=8))
+        pids = tree(server.proc.pid)
+        before, busy0, mine0 = threads(pids), machine_busy_s(), os.times()
+        latencies, statuses, wall = asyncio.run(
+            load(server.url, path, body, headers, requests=requests, concurrency=concurrency)
+        )
+        after, busy1, mine1 = threads(pids), machine_busy_s(), os.times()
+    finally:
+        server.stop()
+    per_process: dict[int, list[float]] = defaultdict(list)
+    names: dict[int, str] = {}
+    for (pid, tid), (name, cpu) in after.items():
+        spent = cpu - before.get((pid, tid), (name, 0.0))[1]
+        per_process[pid].append(spent)
+        names[pid] = name
+    processes = []
+    for pid, spent in per_process.items():
+        total = sum(spent)
+        if total * 1000 / requests < 0.01:
+            continue
+        spent.sort(reverse=True)
+        processes.append(
+            {
+                "process": names[pid],
+                "server": pid == server.proc.pid,
+                "ms_per_call": round(1000 * total / requests, 3),
+                "busiest_thread_ms_per_call": round(1000 * spent[0] / requests, 3),
+                "next_thread_ms_per_call": round(1000 * spent[1] / requests, 3)
+                if len(spent) > 1
+                else 0.0,
+                "threads": len(spent),
+            }
+        )
+    processes.sort(key=lambda p: -float(p["ms_per_call"]))
+    mine = (mine1.user + mine1.system) - (mine0.user + mine0.system)
+    return {
+        "workload": workload,
+        "concurrency": concurrency,
+        "calls": requests,
+        "statuses": statuses,
+        "calls_per_s": round(len(latencies) / wall, 1),
+        "machine_busy_percent": round(100 * (busy1 - busy0) / wall),
+        "machine_ms_per_call": round(1000 * (busy1 - busy0) / requests, 3),
+        "load_generator_ms_per_call": round(1000 * mine / requests, 3),
+        "processes": processes,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="fib-c")
+    parser.add_argument("--requests", type=int, default=6000)
+    parser.add_argument("--concurrency", type=int, default=32)
+    args = parser.parse_args()
+    result = {
+        "benchmark": "cpu",
+        "cpus": os.cpu_count(),
+        "run": measure(args.workload, args.requests, args.concurrency),
+        "baseline_gateway_alone": measure("fake", args.requests, args.concurrency),
+    }
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

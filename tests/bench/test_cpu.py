@@ -1,0 +1,51 @@
+"""``bench/cpu.py`` finds every process of a tree and charges each thread its own CPU."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from cpu import threads, tree  # noqa: E402
+
+PARENT = """
+import subprocess, sys, threading, time
+child = subprocess.Popen([sys.executable, "-c", "import time\\nwhile True: time.sleep(1)"])
+def spin():
+    while True:
+        pass
+threading.Thread(target=spin, daemon=True).start()
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_tree_and_its_threads_are_found_and_the_busy_thread_charged() -> None:
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        found = tree(parent.pid)
+        assert sorted(found) == sorted([parent.pid, child])
+        before = threads(found)
+        time.sleep(0.5)
+        after = threads(found)
+        spent = {key: after[key][1] - before[key][1] for key in before}
+        busiest = max(spent, key=lambda key: spent[key])
+        assert busiest[0] == parent.pid and busiest[1] != parent.pid  # not the main thread
+        assert spent[busiest] > 0.05  # it spun for some of the half second
+        assert spent[(child, child)] < spent[busiest]
+        assert {name for name, _ in after.values()} == {Path(sys.executable).name[:15]}
+    finally:
+        os.killpg(parent.pid, signal.SIGKILL)  # the child too
+        parent.wait()
+        assert parent.stdout is not None
+        parent.stdout.close()
