@@ -29,9 +29,10 @@ class FreezeFailed(SandboxError):
 
 
 async def settle_frozen(state_file: Path, *, timeout_s: float = FREEZE_TIMEOUT_S) -> None:
-    """Return once ``state_file`` reads ``FROZEN``; after ``timeout_s``, thaw the group
-    and raise ``FreezeFailed``. A ``THAWED`` reading means the freeze was undone (a
-    resume won the race): ``FreezeFailed`` at once, the group left as it is."""
+    """Return once ``state_file`` reads ``FROZEN``; after ``timeout_s``, or if cancelled
+    first, thaw the group and raise (``FreezeFailed``, or the cancellation). A
+    ``THAWED`` reading means the freeze was undone (a resume won the race):
+    ``FreezeFailed`` at once, the group left as it is."""
     deadline = time.monotonic() + timeout_s
     poll = _FIRST_POLL_S
     while True:
@@ -46,7 +47,13 @@ async def settle_frozen(state_file: Path, *, timeout_s: float = FREEZE_TIMEOUT_S
                 f"{state_file.parent.name} did not freeze within {timeout_s:g} s "
                 f"(still {state}); thawed again"
             )
-        await asyncio.sleep(poll)
+        try:
+            await asyncio.sleep(poll)
+        except asyncio.CancelledError:
+            # the caller gave the pause up: it did not happen, so the group runs again
+            # (its record still says running)
+            _write(state_file, "THAWED")
+            raise
         poll = min(poll * 2, _LAST_POLL_S)
 
 

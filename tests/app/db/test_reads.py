@@ -99,3 +99,26 @@ async def test_both_committers_read_the_same_place(committers: list[Any]) -> Non
     for key in ("sbx_1", "sbx_2", "sbx_none"):
         assert await on_file.read(PLACE, key) == await through_sessions.read(PLACE, key)
     assert (await on_file.read(PLACE, "sbx_2"))[2:5] == ("stopped", None, "ttl")
+
+
+async def test_a_place_reads_the_same_on_postgresql(
+    postgres_url: str, committers: list[Any]
+) -> None:
+    """The cluster's committer (sessions on asyncpg) reads what the embedded one reads."""
+    url = postgres_url.replace("postgresql://", "postgresql+asyncpg://", 1)
+    engine = create_async_engine(url)
+    try:
+        async with engine.begin() as conn:
+            await conn.run_sync(Base.metadata.create_all)
+        sessions = async_sessionmaker(engine, expire_on_commit=False)
+        async with sessions() as session, session.begin():
+            session.add(Tenant(id="ten_a", name="a"))
+            await session.flush()
+            session.add(sandbox("sbx_1"))
+            session.add(sandbox("sbx_2", state="stopped", node_id=None, reason="ttl", spec={}))
+        on_postgres = SessionTransactions(sessions)
+        on_file = committers[0]
+        for key in ("sbx_1", "sbx_2", "sbx_none"):
+            assert await on_postgres.read(PLACE, key) == await on_file.read(PLACE, key)
+    finally:
+        await engine.dispose()

@@ -55,3 +55,14 @@ async def test_a_frozen_group_settles_without_a_sleep(tmp_path: Path) -> None:
     state_file = group(tmp_path, "FROZEN")
     await asyncio.wait_for(settle_frozen(state_file, timeout_s=0.0), timeout=1.0)
     assert state_file.read_text().strip() == "FROZEN"
+
+
+async def test_a_pause_given_up_while_freezing_thaws_the_group(tmp_path: Path) -> None:
+    state_file = group(tmp_path, "FREEZING")
+    pause = asyncio.ensure_future(settle_frozen(state_file, timeout_s=60.0))
+    await asyncio.sleep(0.02)
+    assert not pause.done()
+    pause.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await pause
+    assert state_file.read_text().strip() == "THAWED"
