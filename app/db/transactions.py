@@ -41,10 +41,11 @@ a row: created, running, finished), then plain writes in queue order.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sqlite3
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar, Protocol, Self
 
@@ -287,29 +288,25 @@ class _KeptConnection:
             raise
 
     def get[M](self, model: type[M], key: str) -> M | None:
-        """A row by primary key through a short ORM session on this connection; the
-        statement's implicit read transaction ends with it (no ``BEGIN`` for a read)."""
-        conn = self._conn
-        if conn is None:
-            conn = self._conn = self._engine.connect()
-        try:
-            with Session(bind=conn, expire_on_commit=False) as session:
-                return session.get(model, key)
-        except BaseException:
-            if conn.invalidated or conn.closed:
-                self.close()
-            raise
-        finally:
-            if not conn.closed and conn.in_transaction():
-                conn.rollback()
+        """A row by primary key through a short ORM session on this connection."""
+        with self._reading() as conn, Session(bind=conn, expire_on_commit=False) as session:
+            return session.get(model, key)
 
     def read(self, query: KeyRead, key: str) -> tuple[Any, ...] | None:
-        """``query`` on this connection, its implicit read transaction ended with it."""
+        """``query``'s columns of a row, on this connection."""
+        with self._reading() as conn:
+            return query.on(conn, key)
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[Connection]:
+        """This connection for one read: the statement's implicit read transaction ends
+        with it (no ``BEGIN`` for a read), and a connection the read left invalid or
+        closed is dropped."""
         conn = self._conn
         if conn is None:
             conn = self._conn = self._engine.connect()
         try:
-            return query.on(conn, key)
+            yield conn
         except BaseException:
             if conn.invalidated or conn.closed:
                 self.close()
