@@ -21,17 +21,18 @@ import os
 from collections import defaultdict
 from typing import Any
 
+from cost import machine_busy_s
 from fncall import Server, dev_env
 from httpload import load
 
 from functions import fib_module, register
 
 TICK = os.sysconf("SC_CLK_TCK")
-#: workload -> (runtimes of the server, path, body, function to register or None)
-WORKLOADS: dict[str, tuple[str, str, dict[str, Any], dict[str, Any] | None]] = {
-    "fake": ("fake", "/v1/run", {"language": "fake", "code": "{}"}, None),
-    "nsjail": ("nsjail", "/v1/run", {"language": "python", "code": "print(1)"}, None),
-    "fib-c": ("nsjail,wasm", "/v1/functions/fib-c/invoke", {"n": 20}, {"name": "fib-c"}),
+#: workload -> (runtimes of the server, path, body, whether it registers ``fib-c`` first)
+WORKLOADS: dict[str, tuple[str, str, dict[str, Any], bool]] = {
+    "fake": ("fake", "/v1/run", {"language": "fake", "code": "{}"}, False),
+    "nsjail": ("nsjail", "/v1/run", {"language": "python", "code": "print(1)"}, False),
+    "fib-c": ("nsjail,wasm", "/v1/functions/fib-c/invoke", {"n": 20}, True),
 }
 
 
@@ -64,24 +65,18 @@ def threads(pids: list[int]) -> dict[tuple[int, int], tuple[str, float]]:
     return out
 
 
-def machine_busy_s() -> float:
-    with open("/proc/stat") as f:
-        values = list(map(int, f.readline().split()[1:]))
-    return (sum(values) - values[3] - values[4]) / TICK
-
-
 def measure(workload: str, requests: int, concurrency: int) -> dict[str, Any]:
-    runtimes, path, body, function = WORKLOADS[workload]
+    runtimes, path, body, registers_fib = WORKLOADS[workload]
     server = Server(8, runtimes, env=dev_env(runtimes))
     try:
         server.wait_ready()
         key = server.tenant_key()
-        if function is not None:
+        if registers_fib:
             register(
                 server.url,
                 key,
                 {
-                    **function,
+                    "name": "fib-c",
                     "language": "wasm",
                     "module_base64": fib_module(),
                     "input_schema": {"type": "object"},

@@ -13,13 +13,11 @@ the two).
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Dialect, Select, bindparam, select
-from sqlalchemy.exc import DBAPIError
 
 from app.db.prepared import Prepared
 
@@ -44,20 +42,12 @@ class KeyRead:
             row = conn.execute(self.statement, {"key": key}).first()
             return None if row is None else tuple(row)
         compiled = self._compiled.get(conn.dialect.name) or self._compile(conn.dialect)
-        cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-        try:
-            raw = cursor.execute(compiled.sql, (key,)).fetchone()
-        except sqlite3.Error as exc:
-            raise DBAPIError.instance(
-                compiled.sql, (key,), exc, sqlite3.Error, dialect=conn.dialect
-            ) from exc
-        finally:
-            cursor.close()
-        if raw is None:
+        rows = Prepared.query(conn, compiled.sql, (key,))
+        if not rows:
             return None
         return tuple(
             value if process is None or value is None else process(value)
-            for value, process in zip(raw, compiled.processors, strict=True)
+            for value, process in zip(rows[0], compiled.processors, strict=True)
         )
 
     def _compile(self, dialect: Dialect) -> _Compiled:

@@ -212,27 +212,29 @@ class SQLiteTransactions:
         return results
 
     async def get[M](self, model: type[M], key: str) -> M | None:
+        return await self._read_on_loop(
+            lambda: self._loop_conn.get(model, key), lambda: self._fallback.get(model, key)
+        )
+
+    async def read(self, query: KeyRead, key: str) -> tuple[Any, ...] | None:
+        return await self._read_on_loop(
+            lambda: self._loop_conn.read(query, key), lambda: self._fallback.read(query, key)
+        )
+
+    async def _read_on_loop[T](
+        self, on_loop: Callable[[], T], through_session: Callable[[], Awaitable[T]]
+    ) -> T:
         """Read on the event loop, on the loop's own connection (no commit is ever open on
         it between two steps of the loop): a write-ahead-log reader takes no lock and does
         not wait for a writer. Should SQLite still answer busy (recovering the log), the
         read goes through a session."""
         try:
-            return self._loop_conn.get(model, key)
+            return on_loop()
         except OperationalError as exc:
             if not _is_busy(exc):
                 raise
             self.read_busy += 1
-        return await self._fallback.get(model, key)
-
-    async def read(self, query: KeyRead, key: str) -> tuple[Any, ...] | None:
-        """As ``get``: on the loop's connection, through a session should SQLite be busy."""
-        try:
-            return self._loop_conn.read(query, key)
-        except OperationalError as exc:
-            if not _is_busy(exc):
-                raise
-            self.read_busy += 1
-        return await self._fallback.read(query, key)
+        return await through_session()
 
     def _commit_in_thread(self, ops: Sequence[Write], checkpoint: bool) -> list[Any]:
         results = self._thread_conn.commit(ops)

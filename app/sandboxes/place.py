@@ -8,24 +8,11 @@ whole row (about 0.15 ms less per call on the embedded default; docs/benchmarks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
 from app.db.models import Sandbox
 from app.db.reads import KeyRead
-
-_COLUMNS = Sandbox.__table__.c
-PLACE = KeyRead(
-    _COLUMNS.id,
-    [
-        _COLUMNS.id,
-        _COLUMNS.tenant_id,
-        _COLUMNS.state,
-        _COLUMNS.node_id,
-        _COLUMNS.reason,
-        _COLUMNS.spec,
-    ],
-)
 
 
 class Placed(Protocol):
@@ -59,3 +46,8 @@ class SandboxPlace:
     @classmethod
     def of(cls, values: tuple[Any, ...]) -> SandboxPlace:
         return cls(*values)
+
+
+_COLUMNS = Sandbox.__table__.c
+#: the columns of ``SandboxPlace``, in its fields' order
+PLACE = KeyRead(_COLUMNS.id, [_COLUMNS[field.name] for field in fields(SandboxPlace)])

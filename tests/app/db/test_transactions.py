@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from app.db.engine import make_engine, make_sessionmaker
 from app.db.models import Base, Sandbox, Tenant
 from app.db.transactions import SessionTransactions, SQLiteTransactions, transactions_for
+from app.sandboxes.place import PLACE
 
 NOW = datetime(2026, 12, 2, 20, 0, tzinfo=UTC)
 
@@ -103,18 +104,21 @@ async def test_a_read_sqlite_answers_busy_goes_through_a_session(
     transactions = transactions_for(f"sqlite+aiosqlite:///{path}", sessions)
     assert isinstance(transactions, SQLiteTransactions)
 
-    def busy(model: type, key: str) -> None:
+    def busy(*_: object) -> None:
         error = sqlite3.OperationalError("database is locked")
         error.sqlite_errorcode = sqlite3.SQLITE_BUSY  # type: ignore[attr-defined]
         raise OperationalError("SELECT", {}, error)
 
     monkeypatch.setattr(transactions._loop_conn, "get", busy)
+    monkeypatch.setattr(transactions._loop_conn, "read", busy)
     try:
         row = await transactions.get(Sandbox, "sbx_1")
+        place = await transactions.read(PLACE, "sbx_1")
     finally:
         await transactions.close()
     assert row is not None and row.id == "sbx_1"
-    assert transactions.counters()["read_busy"] == 1
+    assert place is not None and place[0] == "sbx_1"
+    assert transactions.counters()["read_busy"] == 2
 
 
 async def test_sessions_read_a_row_as_they_commit_one(
