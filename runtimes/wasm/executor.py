@@ -36,7 +36,7 @@ from runtimes.wasm.engine import COMPONENT_CORE_INSTANCES, WasmEngine
 from runtimes.wasm.instance import CallLimits, Instance, Outcome, StoreCaps
 from runtimes.wasm.languages import INTERPRETERS, Interpreter
 from runtimes.wasm.modules import LoadedModule, ModuleLoader, ModuleLoadError
-from runtimes.wasm.output import OutputCapture
+from runtimes.wasm.output import OutputCapture, OutputPipes
 from runtimes.wasm.threads import GuestThreads
 from runtimes.wasm.workdir import HostDir, decode_files
 from runtimes.wasm.workers import WarmupError, WasmWorkers
@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 OUTPUT_RELEASE_TIMEOUT_S = 2.0
 #: The FIFOs of fresh instances' output, under the run dir (instance dirs are ``i<n>``)
 PIPES_DIR = "pipes"
+#: Free output FIFOs kept to be lent again (two per fresh instance; two descriptors each)
+PIPES_KEPT = 256
 RUNTIME_NAME = "wasm"
 
 
@@ -69,7 +71,7 @@ class WasmExecutor:
         self._engine = WasmEngine(cfg)
         self._engine.start()
         self._threads = GuestThreads()
-        self._pipes = run_dir / PIPES_DIR  #: where fresh instances' output FIFOs are made
+        self._pipes: OutputPipes | None = None  #: fresh instances' output FIFOs, once made
         self._empty: HostDir | None = None  #: the shared empty work dir, once made
         self._loader = ModuleLoader(self._engine, memory_slots=cfg.module_memory_slots)
         self._pool: Pool[Instance] | None = None
@@ -174,6 +176,8 @@ class WasmExecutor:
         busy = await asyncio.to_thread(self._threads.close, 0.0 if stuck else 1.0)
         if busy and not stuck:
             log.error("wasm worker: guest threads still running after close: %s", busy)
+        if self._pipes is not None:
+            self._pipes.close()
         await _outputs_released(OUTPUT_RELEASE_TIMEOUT_S)
         engine.close()
         self._interpreters.clear()
@@ -384,6 +388,7 @@ class WasmExecutor:
         ``need_own_dir`` (no files in or out) shares the read-only empty dir, unless this
         node's work dirs are writable."""
         empty = None if warm else self._fresh_dirs()
+        pipes = None if warm else self._output_pipes()
         if empty is None or needs_own_dir or self.config.writable_workdir:
             host_dir = HostDir.create(self._run_dir, f"i{next(self._names)}")
         else:
@@ -402,7 +407,7 @@ class WasmExecutor:
                 source=source,
                 on_dispose=self._untrack,
                 threads=self._threads,
-                pipes=self._pipes,
+                pipes=pipes,
             )
         except BaseException:
             host_dir.remove()
@@ -412,11 +417,19 @@ class WasmExecutor:
         return inst
 
     def _fresh_dirs(self) -> HostDir:
-        """The shared empty work dir, with the output FIFOs' dir beside it (made once)."""
+        """The shared empty work dir (made once)."""
         if self._empty is None:
             self._empty = HostDir.shared_empty(self._run_dir)
-            self._pipes.mkdir(mode=0o700, exist_ok=True)
         return self._empty
+
+    def _output_pipes(self) -> OutputPipes:
+        """The fresh instances' output FIFOs, in their dir beside the instances' (made once,
+        on the event loop's thread, which drains them)."""
+        if self._pipes is None:
+            directory = self._run_dir / PIPES_DIR
+            directory.mkdir(mode=0o700, exist_ok=True)
+            self._pipes = OutputPipes(directory, asyncio.get_running_loop(), keep=PIPES_KEPT)
+        return self._pipes
 
     def _unstick(self, inst: Instance) -> None:
         with self._lock:

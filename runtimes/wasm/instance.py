@@ -18,8 +18,9 @@ globals, anything writable or descriptors. Its life:
    so no wasm runs and nothing else touches those Store fields); the pipe write that
    wakes it comes after.
 4. The guest ends with an exit code, a trap or an error, recorded as an ``Outcome``.
-   After ``dispose()`` the same thread closes the Store and deletes the host dir, so that
-   cost is not on the caller's path.
+   After ``dispose()`` the same thread closes the Store, gives a fresh instance's output
+   pipes back to be lent again, and deletes the host dir, so that cost is not on the
+   caller's path.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from wasmtime import Instance as WasmInstance
 from runtimes.wasm import epoch, hostcalls
 from runtimes.wasm.engine import WasmEngine
 from runtimes.wasm.modules import LoadedModule
-from runtimes.wasm.output import Capture, OutputCapture, PipeCapture
+from runtimes.wasm.output import Capture, OutputCapture, OutputPipes, PipeCapture
 from runtimes.wasm.stdin import PipeFeeder, open_fifo, set_stdin_bytes
 from runtimes.wasm.threads import GuestThreads
 from runtimes.wasm.workdir import HostDir
@@ -134,13 +135,14 @@ class Instance:
         source: str | None = None,
         on_dispose: Callable[[Instance], None] | None = None,
         threads: GuestThreads,
-        pipes: Path,
+        pipes: OutputPipes | None,
     ) -> None:
         """A warm instance has a ``ready_marker`` (stdin is a FIFO); a fresh one gets
         ``stdin_data`` (in memory) and is armed with ``limits`` from the start;
         a component's ``run`` gets ``source``. The guest runs on one of ``threads``. A
-        fresh instance's output goes through FIFOs made in ``pipes`` (so it is built on
-        the event loop's thread, which drains them); a warm one's through callbacks."""
+        fresh instance's output goes through two FIFOs borrowed from ``pipes`` (so it is
+        built on the event loop's thread, which drains them); a warm one's through
+        callbacks."""
         self.id = f"{module.name}-{next(_ids)}"
         self._source = source
         self.engine = engine
@@ -171,10 +173,11 @@ class Instance:
         self.stderr: Capture
         self.feeder: PipeFeeder | None = None
         if ready_marker is None:
-            loop = asyncio.get_running_loop()
-            self.stdout = PipeCapture(pipes, f"{self.id}.out", loop)
+            if pipes is None:
+                raise ValueError("a fresh instance needs output pipes")
+            self.stdout = PipeCapture(pipes)
             try:
-                self.stderr = PipeCapture(pipes, f"{self.id}.err", loop)
+                self.stderr = PipeCapture(pipes)
             except BaseException:
                 self.stdout.close()
                 raise
@@ -213,8 +216,6 @@ class Instance:
         if isinstance(out, PipeCapture) and isinstance(err, PipeCapture):
             wasi.stdout_file = str(out.path)  # WASI opens the FIFOs' write ends here
             wasi.stderr_file = str(err.path)
-            out.opened()
-            err.opened()
         else:
             assert isinstance(out, OutputCapture) and isinstance(err, OutputCapture)
             wasi.stdout_custom = out
@@ -427,7 +428,9 @@ class Instance:
             self._disposed = True
         if self.feeder is not None:
             self.feeder.close()
-        self.store.close()
+        self.store.close()  # closes the guest's write ends of its output pipes
+        self.stdout.release()
+        self.stderr.release()
         self.host_dir.remove()
         if self._on_dispose is not None:
             self._on_dispose(self)

@@ -3,13 +3,22 @@
 Both keep at most ``limit`` bytes of what the guest writes during its call and count the
 rest, so a flood costs the guest time (bounded by its deadline) and the host no memory.
 
-* ``PipeCapture``, for fresh instances: a FIFO that WASI opens as the guest's output file
-  (``stdout_file``), so each write is a ``write(2)`` on the guest's own thread, and that
-  the worker's event loop drains (``add_reader``). When the guest has returned, all it
-  wrote is in the pipe or already read, so ``collect()`` reads to ``EAGAIN`` without
-  waiting for the Store to close. A guest whose writes outrun the loop blocks in
-  ``write`` until the loop drains; closing the read end (``close``, at dispose) turns its
-  further writes into ``EPIPE``. The FIFO's name is unlinked once both ends are open.
+* ``PipeCapture``, for fresh instances: an ``OutputPipe`` (a FIFO) that WASI opens as the
+  guest's output file (``stdout_file``), so each write is a ``write(2)`` on the guest's own
+  thread, and that the worker's event loop drains (``add_reader``). When the guest has
+  returned, all it wrote is in the pipe or already read, so ``collect()`` reads to
+  ``EAGAIN`` without waiting for the Store to close. A guest whose writes outrun the loop
+  blocks in ``write`` until the loop drains.
+* ``OutputPipes`` lends FIFOs to instances one at a time and takes them back, so a call
+  does not make, open, watch, close and unlink two FIFOs (docs/benchmarks.md, "Output pipes
+  lent, not made"). The worker holds a write end of each itself, so the read end never
+  reads end-of-file and never wakes the loop for a hang-up. A pipe comes back only from an
+  instance whose guest returned and was collected, after its Store (the guest's write end)
+  is closed; before it is lent again, ``reusable()`` proves that nobody else writes to it
+  (with the worker's own write end closed, a read returns end-of-file) and that nothing
+  arrived after the collect. A pipe whose guest did not return (abandoned past its
+  deadline) is retired at once: its read end is closed, so the guest's further writes get
+  ``EPIPE``.
 * ``OutputCapture``, for warm instances: wasmtime calls it with each write on one of its
   own (tokio) threads, which takes the GIL for every write; it serves warm instances
   because before ``arm()`` it is in warm-up mode, looking for the ready marker a
@@ -21,12 +30,17 @@ rest, so a flood costs the guest time (bounded by its deadline) and the host no 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import itertools
+import logging
 import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
+
+log = logging.getLogger(__name__)
 
 #: Bytes read per ``read(2)``, and reads per wake-up of the event loop (so that a guest
 #: writing as fast as it can does not keep the loop in one callback).
@@ -49,6 +63,8 @@ class Capture(Protocol):
     def collect(self) -> None: ...
 
     def close(self) -> None: ...
+
+    def release(self) -> None: ...
 
 
 class Kept:
@@ -76,44 +92,31 @@ class Kept:
         return b"".join(self._chunks).decode("utf-8", errors="replace")
 
 
-class PipeCapture:
-    def __init__(self, directory: Path, name: str, loop: asyncio.AbstractEventLoop) -> None:
-        """Make the FIFO ``directory/name`` and open its read end; ``path`` is for WASI to
-        open, ``opened()`` unlinks it after."""
-        self.path = directory / name
+class OutputPipe:
+    """A FIFO the worker keeps open at both ends, its read end watched by the event loop
+    for as long as the pipe lives; what it reads goes to the borrower's ``Kept``."""
+
+    def __init__(self, path: Path, loop: asyncio.AbstractEventLoop) -> None:
+        self.path = path
         self._loop = loop
-        self.kept = Kept()
-        os.mkfifo(self.path, 0o600)
+        self.kept: Kept | None = None  #: the borrower's, while lent and not collected
+        self.stray = 0  #: bytes read while nobody borrowed it
+        self._keeper: int | None = None
+        os.mkfifo(path, 0o600)
         try:
-            self._fd: int | None = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            self._fd: int | None = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            self._keeper = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            loop.add_reader(self._fd, self.drain, READS_PER_WAKEUP)
         except BaseException:
-            self.opened()
+            self.close()
             raise
-        loop.add_reader(self._fd, self._drain, READS_PER_WAKEUP)
 
-    def opened(self) -> None:
-        """The writer has opened the FIFO: its name is not needed any more."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+    @property
+    def closed(self) -> bool:
+        return self._fd is None
 
-    def arm(self, limit: int) -> None:
-        self.kept.limit = limit
-
-    def collect(self) -> None:
-        """Read what is left (the guest has returned: nothing more is coming), then close."""
-        self._drain(COLLECT_READS)
-        self.close()
-
-    def close(self) -> None:
-        """Stop reading and close the read end (on the event loop's thread). Idempotent."""
-        fd, self._fd = self._fd, None
-        if fd is None:
-            return
-        self._loop.remove_reader(fd)
-        os.close(fd)
-        self.opened()
-
-    def _drain(self, reads: int) -> None:
+    def drain(self, reads: int) -> None:
+        """Read at most ``reads`` chunks, until the pipe is empty (event loop thread)."""
         fd = self._fd
         while fd is not None and reads > 0:
             try:
@@ -123,11 +126,144 @@ class PipeCapture:
             except OSError:
                 self.close()
                 return
-            if not data:  # every writer closed: the Store is gone
-                self.close()
+            if not data:  # only when the worker's own write end is closed
                 return
-            self.kept.add(data)
+            kept = self.kept
+            if kept is not None:
+                kept.add(data)
+            else:
+                self.stray += len(data)
             reads -= 1
+
+    def reusable(self) -> bool:
+        """Whether the pipe can be lent again: nothing arrived since its last borrower was
+        collected, and no write end is open but the worker's own (with that one closed, a
+        read returns end-of-file, not ``EAGAIN``). Event loop thread."""
+        fd = self._fd
+        if fd is None or self._keeper is None or self.stray:
+            return False
+        os.close(self._keeper)
+        self._keeper = None
+        try:
+            data = os.read(fd, 1)
+        except OSError:  # EAGAIN: some other write end is still open
+            return False
+        if data:
+            self.stray += len(data)
+            return False
+        self._keeper = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        return True
+
+    def close(self) -> None:
+        """Stop reading, close both ends, unlink the FIFO (event loop thread). A guest still
+        writing gets ``EPIPE``. Idempotent."""
+        fd, self._fd = self._fd, None
+        keeper, self._keeper = self._keeper, None
+        self.kept = None
+        if fd is not None:
+            self._loop.remove_reader(fd)
+            os.close(fd)
+        if keeper is not None:
+            os.close(keeper)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+class OutputPipes:
+    """The worker's output FIFOs, lent to fresh instances one at a time (see the module's
+    docstring). ``take`` and ``close`` run on the event loop's thread, ``give`` on any."""
+
+    def __init__(self, directory: Path, loop: asyncio.AbstractEventLoop, *, keep: int) -> None:
+        self._dir = directory
+        self._loop = loop
+        self._keep = keep  #: free pipes kept at most
+        self._names = itertools.count(1)
+        self._free: list[OutputPipe] = []
+        self._returned: collections.deque[OutputPipe] = collections.deque()
+        self._made: set[OutputPipe] = set()  #: every pipe not yet closed
+        self.retired = 0  #: pipes given back that could not be lent again
+
+    def take(self) -> OutputPipe:
+        self._sort_returned()
+        if self._free:
+            return self._free.pop()
+        pipe = OutputPipe(self._dir / f"o{next(self._names)}", self._loop)
+        self._made.add(pipe)
+        return pipe
+
+    def give(self, pipe: OutputPipe) -> None:
+        """Take back a pipe whose borrower was collected and whose Store is closed."""
+        self._returned.append(pipe)
+
+    def retire(self, pipe: OutputPipe) -> None:
+        pipe.close()
+        self._made.discard(pipe)
+
+    def _sort_returned(self) -> None:
+        while self._returned:
+            pipe = self._returned.popleft()
+            if len(self._free) < self._keep and pipe.reusable():
+                self._free.append(pipe)
+                continue
+            if pipe.stray:
+                log.warning(
+                    "wasm output pipe %s: %d bytes after its guest returned; retired",
+                    pipe.path.name,
+                    pipe.stray,
+                )
+            self.retired += 1
+            self.retire(pipe)
+
+    @property
+    def open_count(self) -> int:
+        return len(self._made)
+
+    def close(self) -> None:
+        """Close every pipe, lent or not (the executor closes after its instances)."""
+        self._returned.clear()
+        self._free.clear()
+        for pipe in list(self._made):
+            self.retire(pipe)
+
+
+class PipeCapture:
+    """A fresh instance's stdout or stderr: an ``OutputPipe`` borrowed from ``pipes``."""
+
+    def __init__(self, pipes: OutputPipes) -> None:
+        self._pipes = pipes
+        self.kept = Kept()
+        self._pipe: OutputPipe | None = pipes.take()
+        self._pipe.kept = self.kept
+        self.path = self._pipe.path  #: for WASI to open as the guest's output file
+        self._collected = False
+
+    def arm(self, limit: int) -> None:
+        self.kept.limit = limit
+
+    def collect(self) -> None:
+        """Read what is left (the guest has returned: nothing more is coming)."""
+        pipe = self._pipe
+        if pipe is None or self._collected:
+            return
+        pipe.drain(COLLECT_READS)
+        pipe.kept = None
+        self._collected = not pipe.closed
+
+    def close(self) -> None:
+        """Stop keeping output (event loop thread, at dispose). A pipe not collected (its
+        guest never returned) is retired now. Idempotent."""
+        pipe = self._pipe
+        if pipe is None or self._collected:
+            return
+        self._pipe = None
+        pipe.kept = None
+        self._pipes.retire(pipe)
+
+    def release(self) -> None:
+        """The guest's Store is closed: a collected pipe goes back to be lent again."""
+        pipe, self._pipe = self._pipe, None
+        if pipe is not None and self._collected:
+            self._pipes.give(pipe)
 
     @property
     def truncated(self) -> bool:
@@ -188,3 +324,6 @@ class OutputCapture:
 
     def close(self) -> None:
         """Nothing to release."""
+
+    def release(self) -> None:
+        """Nothing to give back."""

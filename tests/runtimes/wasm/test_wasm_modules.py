@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -157,6 +158,44 @@ async def test_an_output_flood_is_cut_at_the_limit_and_ended_by_the_deadline(
     assert result.run.wall_ms <= 3 * 1000
     after = await run_module(runtime, compile_c(C_WRITE_MUCH), max_output_bytes=1_000_000)
     assert after.run is not None and after.run.ok and len(after.run.stdout) == 300_000
+
+
+C_ECHO = r"""
+#include <stdio.h>
+int main(void) {
+    char in[256];
+    size_t n = fread(in, 1, sizeof in - 1, stdin);
+    in[n] = 0;
+    for (int i = 0; i < 3; i++) { printf("out %s %d\n", in, i); fflush(stdout); }
+    fprintf(stderr, "err %s\n", in);
+    return 0;
+}
+"""
+
+
+async def test_calls_on_lent_output_pipes_each_read_only_their_own_output(
+    runtime: WasmRuntime, run_module: RunModule, compile_c: Callable[[str], bytes]
+) -> None:
+    """Output FIFOs are lent to one instance after another (``OutputPipes``): 160 calls,
+    32 at a time, and a flood cut by its deadline among them, each read exactly what its
+    own guest wrote."""
+    echo = compile_c(C_ECHO)
+    flood = compile_c(C_FLOOD)
+
+    async def one(i: int) -> None:
+        result = await run_module(runtime, echo, stdin=f"call-{i}")
+        assert result.run is not None and result.run.ok, result.run
+        assert result.run.stdout == "".join(f"out call-{i} {k}\n" for k in range(3))
+        assert result.run.stderr == f"err call-{i}\n"
+
+    for start in range(0, 160, 32):
+        flooded = asyncio.create_task(
+            run_module(runtime, flood, run_timeout_s=0.3, max_output_bytes=2400)
+        )
+        await asyncio.gather(*(one(i) for i in range(start, start + 32)))
+        cut = await flooded
+        assert cut.run is not None and cut.run.status is StageStatus.TIME_LIMIT, cut.run
+        assert cut.run.stdout == "flood flood flood flood\n" * 100
 
 
 async def test_module_is_cached_in_memory_and_reused(
