@@ -4,7 +4,8 @@ The ``code`` of a ``fake`` execution is a JSON object that says what the "progra
 does: ``{"stdout": "hi", "stderr": "", "exit": 0, "sleep": 0.5, "crash": false}``;
 ``"repeat": n`` prints its stdout and stderr ``n`` times, ``"files": {path: base64}`` are
 the files it leaves for ``fetch_files``, ``"cpu_ms"`` (default 1) and
-``"peak_memory_kb"`` what it reports having used.
+``"peak_memory_kb"`` what it reports having used. ``"until_file": PATH`` keeps it
+running (as ``sleep`` does) until that file exists, so a test can end it when it chooses.
 It needs CORRAL_DEV_MODE and is never started in production. With ``run_log`` set
 (``CORRAL_FAKE='{"run_log": PATH}'``) every run appends its invocation id to that file,
 so that tests can count how often an execution really ran, across processes.
@@ -51,11 +52,15 @@ class FakeRuntime(Runtime):
             return RunResult(error="fake backend crashed on purpose")
         sleep = float(program.get("sleep", 0))
         limit = spec.limits.run_timeout_s
-        if sleep > limit:
-            await asyncio.sleep(limit)
+        until = program.get("until_file")
+        if until is not None:
+            timed_out = not await _wait_for_file(str(until), limit)
+        else:
+            timed_out = sleep > limit
+            await asyncio.sleep(min(sleep, limit))
+        if timed_out:
             stage = StageResult(status=StageStatus.TIME_LIMIT, signal=9, message="time limit")
         else:
-            await asyncio.sleep(sleep)
             repeat = int(program.get("repeat", 1))
             stage = StageResult(
                 status=StageStatus.FINISHED,
@@ -81,6 +86,21 @@ class FakeRuntime(Runtime):
 
     async def close(self) -> None:
         self.closed = True
+
+
+async def _wait_for_file(path: str, limit: float) -> bool:
+    """Wait until ``path`` exists (True), at most ``limit`` seconds."""
+    deadline = time.monotonic() + limit
+    while not _exists(path):
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+
+def _exists(path: str) -> bool:
+    """A local stat, as ``_append_line``'s write is: the fake's runs are not I/O bound."""
+    return os.path.exists(path)
 
 
 def _append_line(path: str, line: str) -> None:

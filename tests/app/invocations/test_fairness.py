@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from starlette.testclient import TestClient
@@ -60,19 +61,25 @@ def test_a_tenants_call_does_not_wait_behind_another_tenants_backlog(
 
 
 def test_each_tenant_is_served_in_turn(
-    make_settings: Callable[..., Settings], stack: dict[str, Any]
+    make_settings: Callable[..., Settings], stack: dict[str, Any], tmp_path: Path
 ) -> None:
-    """With one slot and three tenants' backlogs, the order of starts goes round."""
+    """With one slot and three tenants' backlogs, the order of starts goes round. The
+    blocker holds the slot until every call is queued, however slow the machine."""
     n = 3
+    release = tmp_path / "release"
     with TestClient(create_app(make_settings(node_slots=1, **stack))) as client:
         tenants = [tenant(client, f"t{i}") for i in range(n)]
-        with ThreadPoolExecutor(3 * n) as pool:
-            blocker = pool.submit(run, client, tenants[0], sleep=1.0)
+        with ThreadPoolExecutor(3 * n + 1) as pool:  # the blocker and every call at once
+            blocker = pool.submit(run, client, tenants[0], until_file=str(release))
             deadline = time.monotonic() + 30
             while not any(r["status"] == "running" for r in rows(client, tenants[0])):
                 assert time.monotonic() < deadline
                 time.sleep(0.02)
             calls = [pool.submit(run, client, t, sleep=0.05) for t in tenants for _ in range(3)]
+            while sum(r["status"] == "queued" for t in tenants for r in rows(client, t)) < 3 * n:
+                assert time.monotonic() < deadline, [rows(client, t) for t in tenants]
+                time.sleep(0.02)
+            release.touch()
             blocker.result()
             for call in calls:
                 call.result()
