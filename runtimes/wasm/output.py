@@ -138,7 +138,8 @@ class OutputPipe:
     def reusable(self) -> bool:
         """Whether the pipe can be lent again: nothing arrived since its last borrower was
         collected, and no write end is open but the worker's own (with that one closed, a
-        read returns end-of-file, not ``EAGAIN``). Event loop thread."""
+        read returns end-of-file, not ``EAGAIN``). Event loop thread; a pipe found not
+        reusable must be closed."""
         fd = self._fd
         if fd is None or self._keeper is None or self.stray:
             return False
@@ -151,7 +152,10 @@ class OutputPipe:
         if data:
             self.stray += len(data)
             return False
-        self._keeper = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            self._keeper = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:  # out of descriptors: without a writer its read end would hang up
+            return False
         return True
 
     def close(self) -> None:

@@ -236,3 +236,24 @@ async def test_an_instance_that_cannot_be_built_leaves_no_pipe_behind(pipes_dir:
     finally:
         pipes.close()
         engine.close()
+
+
+async def test_a_pipe_whose_own_write_end_cannot_be_reopened_is_retired(
+    pipes: OutputPipes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the worker's write end its read end would report a hang-up at every turn
+    of the loop: such a pipe is closed, not lent."""
+    first, fd = _borrow(pipes, 100)
+    _finish(first, fd)
+    real_open = os.open
+
+    def no_write_end(path: str, flags: int, *args: int) -> int:
+        if flags & os.O_WRONLY:
+            raise OSError(24, "Too many open files")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", no_write_end)
+    with pytest.raises(OSError):  # a new pipe cannot be made either
+        PipeCapture(pipes)
+    monkeypatch.undo()
+    assert pipes.retired == 1 and pipes.open_count == 0
