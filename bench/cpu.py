@@ -3,13 +3,16 @@
 Runs a workload at one concurrency against a fresh ``corral serve`` and reads
 ``/proc/<pid>/task/*/stat`` of every process of the server's tree before and after, and
 ``/proc/stat`` for the machine: CPU milliseconds per call of each process's busiest
-threads, of the machine, and of this load generator. A process or thread that starts
-and ends within the run (a jail's per-call child) is in the machine's figure only. The
-baseline in the same run is the gateway alone (the fake runtime, ``/v1/run``), so a row
-shows what its runtime adds. Prints JSON.
+threads, of the machine, and of this load generator, and the machine's context switches
+per call. A process or thread that starts and ends within the run (a jail's per-call
+child) is in the machine's figure only. The baseline in the same run is the gateway alone
+(the fake runtime, ``/v1/run``), so a row shows what its runtime adds. With ``--compare
+REV`` the workload also runs on that commit's tree, the two alternating (this tree, REV,
+REV, this tree, ...), so a drift of the machine falls on both. Prints JSON.
 
     .venv/bin/python bench/cpu.py --workload fib-c --requests 6000 --concurrency 32
     .venv/bin/python bench/cpu.py --workload nsjail --requests 4000 --concurrency 32
+    .venv/bin/python bench/cpu.py --workload fib-c --requests 4000 --compare HEAD~1
 """
 
 from __future__ import annotations
@@ -18,11 +21,14 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
+import statistics
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 from cost import machine_busy_s
-from fncall import Server, dev_env
+from fncall import ROOT, Server, dev_env, export
 from httpload import load
 
 from functions import fib_module, register
@@ -65,9 +71,18 @@ def threads(pids: list[int]) -> dict[tuple[int, int], tuple[str, float]]:
     return out
 
 
-def measure(workload: str, requests: int, concurrency: int) -> dict[str, Any]:
+def context_switches() -> int:
+    """The machine's context switches so far (``/proc/stat``'s ``ctxt``)."""
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("ctxt "):
+                return int(line.split()[1])
+    raise RuntimeError("/proc/stat has no ctxt line")
+
+
+def measure(workload: str, requests: int, concurrency: int, root: Path = ROOT) -> dict[str, Any]:
     runtimes, path, body, registers_fib = WORKLOADS[workload]
-    server = Server(8, runtimes, env=dev_env(runtimes))
+    server = Server(8, runtimes, root=root, env=dev_env(runtimes))
     try:
         server.wait_ready()
         key = server.tenant_key()
@@ -86,10 +101,12 @@ def measure(workload: str, requests: int, concurrency: int) -> dict[str, Any]:
         asyncio.run(load(server.url, path, body, headers, requests=300, concurrency=8))
         pids = tree(server.proc.pid)
         before, busy0, mine0 = threads(pids), machine_busy_s(), os.times()
+        switches0 = context_switches()
         latencies, statuses, wall = asyncio.run(
             load(server.url, path, body, headers, requests=requests, concurrency=concurrency)
         )
         after, busy1, mine1 = threads(pids), machine_busy_s(), os.times()
+        switches1 = context_switches()
     finally:
         server.stop()
     per_process: dict[int, list[float]] = defaultdict(list)
@@ -127,8 +144,22 @@ def measure(workload: str, requests: int, concurrency: int) -> dict[str, Any]:
         "machine_busy_percent": round(100 * (busy1 - busy0) / wall),
         "machine_ms_per_call": round(1000 * (busy1 - busy0) / requests, 3),
         "load_generator_ms_per_call": round(1000 * mine / requests, 3),
+        "machine_context_switches_per_call": round((switches1 - switches0) / requests, 1),
         "processes": processes,
     }
+
+
+#: the figures of a run whose median over runs is reported with ``--compare``
+COMPARED = (
+    "calls_per_s",
+    "machine_ms_per_call",
+    "machine_context_switches_per_call",
+    "machine_busy_percent",
+)
+
+
+def medians(runs: list[dict[str, Any]]) -> dict[str, float]:
+    return {key: round(statistics.median(run[key] for run in runs), 3) for key in COMPARED}
 
 
 def main() -> None:
@@ -136,13 +167,33 @@ def main() -> None:
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="fib-c")
     parser.add_argument("--requests", type=int, default=6000)
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--compare", help="also run the workload on this earlier commit")
+    parser.add_argument("--rounds", type=int, default=2, help="runs of each tree with --compare")
     args = parser.parse_args()
-    result = {
-        "benchmark": "cpu",
-        "cpus": os.cpu_count(),
-        "run": measure(args.workload, args.requests, args.concurrency),
-        "baseline_gateway_alone": measure("fake", args.requests, args.concurrency),
-    }
+    result: dict[str, Any] = {"benchmark": "cpu", "cpus": os.cpu_count()}
+    if not args.compare:
+        result["run"] = measure(args.workload, args.requests, args.concurrency)
+    else:
+        trees = {"after": ROOT, "before": export(args.compare)}
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
+        try:
+            for round_ in range(args.rounds):
+                order = list(trees) if round_ % 2 == 0 else list(reversed(trees))
+                for name in order:
+                    runs[name].append(
+                        measure(args.workload, args.requests, args.concurrency, trees[name])
+                    )
+        finally:
+            shutil.rmtree(trees["before"], ignore_errors=True)
+        after, before = medians(runs["after"]), medians(runs["before"])
+        result["runs"] = runs["after"]
+        result["median"] = after
+        result["before"] = {"revision": args.compare, "runs": runs["before"], "median": before}
+        result["ratio_to_before"] = {
+            key: round(value / before[key], 3) if before[key] else None
+            for key, value in after.items()
+        }
+    result["baseline_gateway_alone"] = measure("fake", args.requests, args.concurrency)
     print(json.dumps(result, indent=2))
 
 

@@ -28,7 +28,7 @@ from wasmtime import Config, Engine, Linker
 from wasmtime import _ffi as ffi
 from wasmtime.component import Linker as ComponentLinker
 
-from runtimes.wasm import hostcalls
+from runtimes.wasm import gil, hostcalls
 from runtimes.wasm.config import MIB, WasmConfig
 
 log = logging.getLogger(__name__)
@@ -141,6 +141,7 @@ class WasmEngine:
     """The engine, the shared WASI linker and the epoch ticker of one configuration."""
 
     def __init__(self, config: WasmConfig) -> None:
+        gil.keep_gil_in_short_calls()  # process-wide, idempotent
         self.tick_s = config.epoch_tick_ms / 1000.0
         self.engine = Engine(engine_config(config, parallel=False))
         self.fuel_per_call = config.fuel_per_call

@@ -18,9 +18,13 @@ globals, anything writable or descriptors. Its life:
    so no wasm runs and nothing else touches those Store fields); the pipe write that
    wakes it comes after.
 4. The guest ends with an exit code, a trap or an error, recorded as an ``Outcome``.
-   After ``dispose()`` the same thread closes the Store, gives a fresh instance's output
-   pipes back to be lent again, and deletes the host dir, so that cost is not on the
-   caller's path.
+   Its thread then closes the Store (off the caller's path) and goes back to the pool
+   without waiting for the caller. The rest of the cleanup (a fresh instance's output
+   pipes given back to be lent again, the host dir deleted) must wait until the caller
+   has read the output and the files and called ``dispose()``, and the Store is closed:
+   whichever of the two comes last does it. Waiting for the caller on the guest's
+   thread instead cost each call a wake-up of that thread and its taking of the GIL
+   back (docs/benchmarks.md, "The GIL kept across wasmtime's short calls").
 """
 
 from __future__ import annotations
@@ -165,7 +169,8 @@ class Instance:
         self._epoch_callback: object | None = None  #: keeps the ctypes callback alive
         self._limit_hit: str | None = None
         self._disposed = False
-        self._released = threading.Event()
+        self._released = False  #: ``dispose`` was called
+        self._sides_done = 0  #: of the guest's thread (Store closed) and ``dispose``
         self._on_dispose = on_dispose
         self.armed_limits: CallLimits | None = None
 
@@ -324,11 +329,10 @@ class Instance:
         try:
             self._run_guest()
         finally:
-            # Cleaning up (unmapping memory, deleting files) is left to this thread, off the
-            # caller's path: it waits until the caller has read what it needs.
-            self._released.wait()
             try:
-                self._cleanup()
+                self.store.close()  # unmaps memory, closes the guest's output write ends
+                if self._side_done():  # ``dispose`` came first: the rest is this thread's
+                    self._cleanup()
             finally:
                 self._finished.set()
 
@@ -408,17 +412,39 @@ class Instance:
         return self._started
 
     def dispose(self) -> None:
-        """Release the instance: once its guest has ended, its own thread closes the Store
-        and deletes the host dir (done here if it never started). Stops feeding stdin at
-        once and closes the output pipes' read ends (a guest still writing gets ``EPIPE``),
-        so call it from the event loop thread of a call. Idempotent, non-blocking."""
+        """Release the instance (the caller has read what it needs). Stops feeding stdin at
+        once and closes the output pipes' read ends unless they were collected (a guest
+        still writing gets ``EPIPE``), so call it from the event loop thread of a call.
+        The rest of the cleanup happens now if the guest's thread has closed the Store (or
+        it never started), else when it has. Idempotent, non-blocking."""
         if self.feeder is not None:
             self.feeder.close()
         self.stdout.close()
         self.stderr.close()
-        if self.started:
-            self._released.set()
-        else:
+        if not self.started:
+            self._cleanup()
+            return
+        with self._cb_lock:
+            if self._released:
+                return
+            self._released = True
+        if self._side_done():  # the guest's thread has closed the Store: the rest is ours
+            if self.host_dir.shared:
+                self._cleanup()
+            else:
+                self._cleanup_off_loop()
+
+    def _side_done(self) -> bool:
+        """Count one of the two sides the cleanup waits for; True for the second."""
+        with self._cb_lock:
+            self._sides_done += 1
+            return self._sides_done == 2
+
+    def _cleanup_off_loop(self) -> None:
+        """Deleting an own host dir is file system work: a guest thread does it."""
+        try:
+            self._threads.run(self._cleanup)
+        except RuntimeError:  # the threads are closed (the executor is closing)
             self._cleanup()
 
     def _cleanup(self) -> None:
@@ -428,7 +454,7 @@ class Instance:
             self._disposed = True
         if self.feeder is not None:
             self.feeder.close()
-        self.store.close()  # closes the guest's write ends of its output pipes
+        self.store.close()  # done by the guest's thread if it ran (idempotent)
         self.stdout.release()
         self.stderr.release()
         self.host_dir.remove()

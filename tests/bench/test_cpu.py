@@ -49,3 +49,12 @@ def test_a_tree_and_its_threads_are_found_and_the_busy_thread_charged() -> None:
         parent.wait()
         assert parent.stdout is not None
         parent.stdout.close()
+
+
+def test_the_machines_context_switches_are_counted() -> None:
+    from cpu import context_switches
+
+    before = context_switches()
+    for _ in range(20):
+        time.sleep(0.001)  # each sleep switches away from this thread
+    assert context_switches() >= before + 20
