@@ -17,6 +17,7 @@ import base64
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import tempfile
 from pathlib import Path
@@ -68,6 +69,7 @@ async def drive(
     url: str, key: str, name: str, payload: Any, *, requests: int, concurrency: int
 ) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {key}"}
+    timings: list[dict[str, Any]] = []
     latencies, outcomes, wall = await load(
         url,
         f"/v1/functions/{name}/invoke",
@@ -75,10 +77,24 @@ async def drive(
         headers,
         requests=requests,
         concurrency=concurrency,
+        timings=timings,
     )
     result = summary(latencies, wall, requests - len(latencies))
     result.update(function=name, concurrency=concurrency, outcomes=outcomes)
+    result["phases_p50_ms"] = phases_p50(timings)
     return result
+
+
+def phases_p50(timings: list[dict[str, Any]]) -> dict[str, float]:
+    """The median of each phase the platform recorded (queue, setup, exec, teardown,
+    total from creation to finish): where a call's latency went."""
+    phases = ("queue_ms", "setup_ms", "exec_ms", "teardown_ms", "total_ms")
+    out = {}
+    for phase in phases:
+        values = [t[phase] for t in timings if isinstance(t.get(phase), int | float)]
+        if values:
+            out[phase] = round(statistics.median(values), 2)
+    return out
 
 
 async def measure(

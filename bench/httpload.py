@@ -57,12 +57,21 @@ class Connection:
 
 
 async def load(
-    url: str, path: str, body: Any, headers: dict[str, str], *, requests: int, concurrency: int
+    url: str,
+    path: str,
+    body: Any,
+    headers: dict[str, str],
+    *,
+    requests: int,
+    concurrency: int,
+    timings: list[dict[str, Any]] | None = None,
 ) -> tuple[list[float], dict[str, int], float]:
     """POST ``body`` to ``path`` ``requests`` times from ``concurrency`` connections.
 
     Returns the latencies (ms) of answers that are 200 with ``status: succeeded``, a count
     of every outcome (``"200:succeeded"``, ``"429"``, ...), and the wall time in seconds.
+    ``timings``, if given, gets the ``timings`` object of each such answer (the platform's
+    own record of the call's phases).
     """
     latencies: list[float] = []
     outcomes: dict[str, int] = {}
@@ -82,6 +91,8 @@ async def load(
                 outcomes[outcome] = outcomes.get(outcome, 0) + 1
                 if outcome == "200:succeeded":
                     latencies.append(elapsed)
+                    if timings is not None and isinstance(answer.get("timings"), dict):
+                        timings.append(answer["timings"])
         finally:
             await conn.close()
 

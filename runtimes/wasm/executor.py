@@ -311,11 +311,14 @@ class WasmExecutor:
                 inst.feed(payload, asyncio.get_running_loop())
             else:
                 inst.start()
-            waiting = asyncio.wrap_future(inst.outcome)
+            loop = asyncio.get_running_loop()
+            waiting = inst.outcome_future(loop)
+            # one timer on the loop, not wait_for's timeout context and a shield per call
+            timer = loop.call_later(
+                limits.wall_limit_s + self.config.host_grace_s, _expire, waiting
+            )
             try:
-                outcome = await asyncio.wait_for(
-                    asyncio.shield(waiting), limits.wall_limit_s + self.config.host_grace_s
-                )
+                outcome = await waiting
             except TimeoutError:
                 with self._lock:
                     self._stuck.add(inst)
@@ -327,6 +330,8 @@ class WasmExecutor:
                     inst.id,
                     stuck,
                 )
+            finally:
+                timer.cancel()
             if outcome is not None:  # the guest has returned: all it wrote is readable
                 inst.stdout.collect()
                 inst.stderr.collect()
@@ -349,7 +354,7 @@ class WasmExecutor:
         finally:
             with self._lock:
                 self._busy.discard(inst)
-            if not inst.done.is_set():
+            if not inst.done:
                 inst.abort()
             inst.dispose()
         finished = time.perf_counter()
@@ -467,6 +472,11 @@ async def _outputs_released(timeout: float) -> None:
             return
         await asyncio.sleep(0.01)
     log.warning("wasm: output callbacks of closed stores still alive after %ss", timeout)
+
+
+def _expire(future: asyncio.Future[Outcome]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())
 
 
 def _ms(since: float) -> float:

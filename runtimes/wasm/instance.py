@@ -30,7 +30,7 @@ globals, anything writable or descriptors. Its life:
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import contextlib
 import itertools
 import logging
 import threading
@@ -100,6 +100,11 @@ class Outcome:
     slept_ms: float = 0.0  #: time the guest spent in sleeps it asked for
 
 
+def _resolve(future: asyncio.Future[Outcome], outcome: Outcome | None) -> None:
+    if not future.done() and outcome is not None:
+        future.set_result(outcome)
+
+
 def trap_summary(exc: BaseException) -> str:
     """The cause of a wasmtime error without its wasm backtrace."""
     text = str(exc)
@@ -154,9 +159,10 @@ class Instance:
         self.host_dir = host_dir
         self._caps = caps
         self.clock = hostcalls.GuestClock(tick_s=engine.tick_s, epoch=lambda: engine.epoch)
-        self.ready = threading.Event()
-        self.done = threading.Event()
-        self.outcome: concurrent.futures.Future[Outcome] = concurrent.futures.Future()
+        #: how the guest ended, set (on its thread) before the done callbacks run
+        self.outcome: Outcome | None = None
+        self._ready = False  #: under ``_cb_lock``, as ``_done`` and the callback lists
+        self._done = False
         self._ready_callbacks: list[Callable[[Instance], None]] = []
         self._done_callbacks: list[Callable[[Instance], None]] = []
         self._cb_lock = threading.Lock()
@@ -231,37 +237,54 @@ class Instance:
         return wasi
 
     # --- callbacks ----------------------------------------------------------------------
+    # Plain flags under a lock, not ``threading.Event``s, and no ``concurrent.futures``
+    # future for the outcome: nobody blocks on them, and each of those costs a Condition
+    # per instance (docs/benchmarks.md, "The GIL kept across wasmtime's short calls").
+    @property
+    def done(self) -> bool:
+        """The guest has ended (``outcome`` is set)."""
+        return self._done
+
     def on_ready(self, callback: Callable[[Instance], None]) -> None:
-        self._add(self._ready_callbacks, self.ready, callback)
+        """Call ``callback`` once a warm instance is ready (now if it is)."""
+        with self._cb_lock:
+            if not self._ready:
+                self._ready_callbacks.append(callback)
+                return
+        callback(self)
 
     def on_done(self, callback: Callable[[Instance], None]) -> None:
-        self._add(self._done_callbacks, self.done, callback)
-
-    def _add(
-        self,
-        callbacks: list[Callable[[Instance], None]],
-        event: threading.Event,
-        cb: Callable[[Instance], None],
-    ) -> None:
+        """Call ``callback`` once the guest has ended (now if it has), on the thread that
+        sees it end: the guest's, or the caller's."""
         with self._cb_lock:
-            if not event.is_set():
-                callbacks.append(cb)
+            if not self._done:
+                self._done_callbacks.append(callback)
                 return
-        cb(self)
+        callback(self)
 
-    def _fire(self, callbacks: list[Callable[[Instance], None]], event: threading.Event) -> None:
-        with self._cb_lock:
-            event.set()
-            pending = list(callbacks)
-            callbacks.clear()
-        for cb in pending:
+    def outcome_future(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[Outcome]:
+        """A future of ``loop`` that the guest's outcome resolves."""
+        future: asyncio.Future[Outcome] = loop.create_future()
+
+        def settle(inst: Instance) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                loop.call_soon_threadsafe(_resolve, future, inst.outcome)
+
+        self.on_done(settle)
+        return future
+
+    def _fire(self, callbacks: list[Callable[[Instance], None]]) -> None:
+        for cb in callbacks:
             try:
                 cb(self)
             except Exception:
                 log.exception("wasm instance %s: callback failed", self.id)
 
     def _on_ready(self) -> None:
-        self._fire(self._ready_callbacks, self.ready)
+        with self._cb_lock:
+            self._ready = True
+            pending, self._ready_callbacks = self._ready_callbacks, []
+        self._fire(pending)
 
     # --- limits -------------------------------------------------------------------------
     def _apply(self, limits: CallLimits, *, fuel: int | None) -> None:
@@ -303,7 +326,7 @@ class Instance:
         """Give the instance its call's limits and start keeping its output."""
         self.armed_limits = limits
         ident = self._ident
-        if ident is not None and not self.done.is_set():
+        if ident is not None and not self._done:
             try:
                 self._cpu_base = time.clock_gettime(time.pthread_getcpuclockid(ident))
             except OSError:
@@ -389,8 +412,11 @@ class Instance:
                         outcome.memory_bytes = memory.data_len(self.store)
                 except Exception:
                     pass
-            self.outcome.set_result(outcome)
-            self._fire(self._done_callbacks, self.done)
+            with self._cb_lock:
+                self.outcome = outcome
+                self._done = True
+                pending, self._done_callbacks = self._done_callbacks, []
+            self._fire(pending)
 
     # --- ending -------------------------------------------------------------------------
     def abort(self) -> None:

@@ -6,8 +6,9 @@ rest, so a flood costs the guest time (bounded by its deadline) and the host no 
 * ``PipeCapture``, for fresh instances: an ``OutputPipe`` (a FIFO) that WASI opens as the
   guest's output file (``stdout_file``), so each write is a ``write(2)`` on the guest's own
   thread, and that the worker's event loop drains (``add_reader``). When the guest has
-  returned, all it wrote is in the pipe or already read, so ``collect()`` reads to
-  ``EAGAIN`` without waiting for the Store to close. A guest whose writes outrun the loop
+  returned, all it wrote is in the pipe or already read, so ``collect()`` reads until the
+  pipe is empty (``EAGAIN``, or a read shorter than asked) without waiting for the Store
+  to close. A guest whose writes outrun the loop
   blocks in ``write`` until the loop drains.
 * ``OutputPipes`` lends FIFOs to instances one at a time and takes them back, so a call
   does not make, open, watch, close and unlink two FIFOs (docs/benchmarks.md, "Output pipes
@@ -116,7 +117,9 @@ class OutputPipe:
         return self._fd is None
 
     def drain(self, reads: int) -> None:
-        """Read at most ``reads`` chunks, until the pipe is empty (event loop thread)."""
+        """Read at most ``reads`` chunks, until the pipe is empty (event loop thread). A
+        read shorter than a chunk emptied the pipe (a pipe's read returns all it holds,
+        up to the size asked), so no read is made just to see ``EAGAIN``."""
         fd = self._fd
         while fd is not None and reads > 0:
             try:
@@ -133,6 +136,8 @@ class OutputPipe:
                 kept.add(data)
             else:
                 self.stray += len(data)
+            if len(data) < READ_CHUNK:
+                return
             reads -= 1
 
     def reusable(self) -> bool:

@@ -47,6 +47,33 @@ class Frame:
     blob: bytes = b""
 
 
+class FrameWriter:
+    """Writes frames to a stream, those of one turn of the event loop together.
+
+    A frame waits in a list until the end of the loop's turn (``call_soon``), and every
+    frame written meanwhile joins it: they leave in one write, one system call, and wake
+    the reader once. Frames keep their order as long as every frame of the stream goes
+    through this writer. The caller's ``drain`` of the stream still applies the
+    transport's back-pressure (to what was flushed before).
+    """
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+        self._queued: list[bytes] = []
+
+    def write(self, frame: bytes) -> None:
+        if not self._queued:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self._queued.append(frame)
+
+    def flush(self) -> None:
+        """Write what is queued now (idempotent)."""
+        queued, self._queued = self._queued, []
+        if not queued or self._writer.is_closing():
+            return
+        self._writer.write(queued[0] if len(queued) == 1 else b"".join(queued))
+
+
 def encode(msg: dict[str, Any], blob: bytes = b"") -> bytes:
     body = json.dumps(msg, separators=(",", ":")).encode("utf-8")
     return HEADER.pack(len(body), len(blob)) + body + blob

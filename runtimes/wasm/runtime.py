@@ -328,6 +328,8 @@ class WasmRuntime(Runtime):
         ready = self._ready
         if ready is None:
             raise WorkerDied("the wasm runtime is not running")
+        if ready.done() and not ready.cancelled() and ready.exception() is None:
+            return ready.result()  # the usual case: no timer, no shield
         return await asyncio.wait_for(asyncio.shield(ready), self.config.worker_start_timeout_s)
 
     def _on_status(self, msg: dict[str, Any], worker: WorkerProcess) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 from runtimes.nsjail.cgroups import CgroupSetup
 from runtimes.wasm import jail
 from runtimes.wasm.config import MIB, WasmConfig
-from runtimes.wasm.protocol import FrameError, encode, read_frame
+from runtimes.wasm.protocol import FrameError, FrameWriter, encode, read_frame
 from runtimes.wasm.worker_main import worker_bounds
 
 log = logging.getLogger(__name__)
@@ -33,6 +33,11 @@ MAX_LOG_LINE = 2000
 
 class WorkerDied(RuntimeError):
     """The worker ended (or was ended) before it answered."""
+
+
+def _time_out(future: asyncio.Future[dict[str, Any]]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())
 
 
 class WorkerProcess:
@@ -50,7 +55,7 @@ class WorkerProcess:
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._tasks: list[asyncio.Task[None]] = []
-        self._write_lock = asyncio.Lock()
+        self._frames: FrameWriter | None = None  #: the requests of one turn of the loop together
         self.died: asyncio.Future[str] | None = None
         self.worker_pid: int | None = None  #: the worker's pid inside its jail
 
@@ -87,19 +92,7 @@ class WorkerProcess:
             nice=cfg.worker_nice,
         )
         argv = jail.argv(cfg, self._cgroups, entry="runtimes.wasm.worker_main", limits=limits)
-        self._proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env={},
-            start_new_session=True,
-        )
-        self.died = asyncio.get_running_loop().create_future()
-        self._tasks = [
-            asyncio.create_task(self._read(), name="wasm-worker-reader"),
-            asyncio.create_task(self._relay_stderr(), name="wasm-worker-stderr"),
-        ]
+        await self._launch(argv, env={})
         hello = await self.request({"op": "init", "config": cfg.model_dump(mode="json")})
         self.worker_pid = hello.get("pid")
         for language, (sha256, compiled) in interpreters.items():
@@ -110,27 +103,49 @@ class WorkerProcess:
         status: dict[str, Any] = started.get("status") or {}
         return status
 
+    async def _launch(self, argv: list[str], env: dict[str, str]) -> None:
+        """Start ``argv`` (the jail) and the tasks reading its stdout and stderr."""
+        self._proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
+        assert self._proc.stdin is not None
+        self._frames = FrameWriter(self._proc.stdin)
+        self.died = asyncio.get_running_loop().create_future()
+        self._tasks = [
+            asyncio.create_task(self._read(), name="wasm-worker-reader"),
+            asyncio.create_task(self._relay_stderr(), name="wasm-worker-stderr"),
+        ]
+
     async def request(
         self, msg: dict[str, Any], blob: bytes = b"", *, timeout: float | None = None
     ) -> dict[str, Any]:
         """Send ``msg`` and wait for its reply; ``WorkerDied`` if the worker ends first,
         ``TimeoutError`` after ``timeout``."""
         proc = self._proc
-        if proc is None or proc.stdin is None or not self.alive:
+        if proc is None or proc.stdin is None or self._frames is None or not self.alive:
             raise WorkerDied("the wasm worker is not running")
         ident = next(self._ids)
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[dict[str, Any]] = loop.create_future()
         self._pending[ident] = future
+        # one timer on the loop, not wait_for's timeout context and shield per request
+        timer = None if timeout is None else loop.call_later(timeout, _time_out, future)
         try:
-            async with self._write_lock:
-                proc.stdin.write(encode({**msg, "id": ident}, blob))
-                await proc.stdin.drain()
-            return await asyncio.wait_for(asyncio.shield(future), timeout)
+            self._frames.write(encode({**msg, "id": ident}, blob))
+            await proc.stdin.drain()
+            return await future
         except (ConnectionError, RuntimeError) as exc:
             if isinstance(exc, WorkerDied):
                 raise
             raise WorkerDied(f"the wasm worker's pipe broke: {exc}") from exc
         finally:
+            if timer is not None:
+                timer.cancel()
             self._pending.pop(ident, None)
 
     async def _read(self) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from runtimes.wasm.config import MIB, WasmConfig
-from runtimes.wasm.protocol import Bounds, Frame, FrameError, encode, read_frame
+from runtimes.wasm.protocol import Bounds, Frame, FrameError, FrameWriter, encode, read_frame
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,7 @@ def worker_bounds(config: WasmConfig) -> Bounds:
 class _Server:
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self._writer = writer
+        self._frames = FrameWriter(writer)  #: the replies of one turn of the loop together
         self._executor: Any = None
         self._config: WasmConfig | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -51,8 +52,11 @@ class _Server:
             msg = {"op": msg["op"], "id": msg.get("id")}
             msg["result"] = {"error": "the result is too large to report"}
             data = encode(msg)
-        self._writer.write(data)
+        self._frames.write(data)
         await self._writer.drain()
+
+    def flush(self) -> None:
+        self._frames.flush()
 
     async def reply(self, frame: Frame, **fields: Any) -> None:
         await self.send({"op": "reply", "id": frame.msg.get("id"), **fields})
@@ -122,7 +126,11 @@ class _Server:
                     await self.reply(frame, need=msg["module"])
                 else:
                     result_json = result.model_dump(mode="json")
-                    await self.reply(frame, result=result_json, status=self._status())
+                    status = self._changed_status()
+                    if status is None:
+                        await self.reply(frame, result=result_json)
+                    else:
+                        await self.reply(frame, result=result_json, status=status)
             else:
                 await self.reply(frame, failure=f"unknown op {op!r}")
         except asyncio.CancelledError:
@@ -135,13 +143,21 @@ class _Server:
         status: dict[str, Any] = self._executor.status()
         return status
 
+    def _changed_status(self) -> dict[str, Any] | None:
+        """The status if the node has not seen it: idle capacity accrued, or gauges (the
+        stuck count among them) other than those last sent."""
+        status = self._status()
+        gauges = {k: v for k, v in status.items() if k != "idle"}
+        if not status["idle"] and gauges == self._last_status:
+            return None
+        self._last_status = gauges
+        return status
+
     async def _report(self, interval: float) -> None:
         while True:
             await asyncio.sleep(interval)
-            status = self._status()
-            gauges = {k: v for k, v in status.items() if k != "idle"}
-            if status["idle"] or gauges != self._last_status:
-                self._last_status = gauges
+            status = self._changed_status()
+            if status is not None:
                 await self.send({"op": "status", **status})
 
 
@@ -159,6 +175,7 @@ async def _main() -> None:
     try:
         await server.serve(reader)
     finally:
+        server.flush()
         with contextlib.suppress(Exception):
             await writer.drain()
 

@@ -55,7 +55,7 @@ class WasmWorkers(WorkerFactory[Instance]):
         except BaseException:  # cancelled (the pool's start timeout, or close)
             await self.stop(inst)
             raise
-        if not ok or inst.done.is_set():
+        if not ok or inst.done:
             await self.stop(inst)
             raise WarmupError(f"a {language} instance failed to start: {_tail(inst)}")
         return inst
@@ -67,14 +67,14 @@ class WasmWorkers(WorkerFactory[Instance]):
         worker.dispose()
 
     def alive(self, worker: Instance) -> bool:
-        return not worker.done.is_set()
+        return not worker.done
 
     def memory_mb(self, worker: Instance) -> float:
         return worker.clock.memory_bytes / MIB
 
 
 def _tail(inst: Instance) -> str:
-    if not inst.outcome.done():
+    outcome = inst.outcome
+    if outcome is None:
         return "it ended before it was ready"
-    outcome = inst.outcome.result()
     return outcome.error or outcome.trap or f"exit code {outcome.exit_code}"

@@ -87,7 +87,7 @@ async def harness(run_dir: Path) -> AsyncIterator[Harness]:
 async def test_the_guest_thread_is_free_before_the_caller_disposes(harness: Harness) -> None:
     inst = harness.instance(WRITE_HI, HostDir.shared_empty(harness.run_dir))
     inst.start()
-    outcome = await asyncio.wrap_future(inst.outcome)
+    outcome = await inst.outcome_future(asyncio.get_running_loop())
     assert outcome.exit_code == 0
     # the caller has not disposed of it yet: its thread has closed the Store and is idle
     assert await asyncio.to_thread(inst.join, 5.0)
@@ -117,7 +117,7 @@ async def test_disposed_while_running_the_guest_thread_cleans_up_once(harness: H
     inst.dispose()
     assert harness.disposed == []
     assert own.root.exists()  # the guest still runs in its Store and work dir
-    outcome = await asyncio.wait_for(asyncio.wrap_future(inst.outcome), 10)
+    outcome = await asyncio.wait_for(inst.outcome_future(asyncio.get_running_loop()), 10)
     assert outcome.trap_code == TrapCode.INTERRUPT
     assert await asyncio.to_thread(inst.join, 5.0)
     assert harness.disposed == [inst.id]
@@ -129,7 +129,7 @@ async def test_an_own_host_dir_is_removed_off_the_loop(harness: Harness) -> None
     own = HostDir.create(harness.run_dir, "i2")
     inst = harness.instance(WRITE_HI, own)
     inst.start()
-    await asyncio.wrap_future(inst.outcome)
+    await inst.outcome_future(asyncio.get_running_loop())
     assert await asyncio.to_thread(inst.join, 5.0)
     inst.stdout.collect()
     inst.stderr.collect()

@@ -257,3 +257,38 @@ async def test_a_pipe_whose_own_write_end_cannot_be_reopened_is_retired(
         PipeCapture(pipes)
     monkeypatch.undo()
     assert pipes.retired == 1 and pipes.open_count == 0
+
+
+async def test_a_read_shorter_than_a_chunk_ends_the_drain(
+    pipes: OutputPipes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pipe's read returns all it holds up to the size asked: after a short one the
+    pipe is empty, and no read is made just to see ``EAGAIN``."""
+    from runtimes.wasm import output
+
+    capture, fd = _borrow(pipes, 100)
+    reads: list[str] = []
+    real_read = os.read
+
+    def counted(descriptor: int, size: int) -> bytes:
+        try:
+            data = real_read(descriptor, size)
+        except BlockingIOError:
+            reads.append("EAGAIN")
+            raise
+        reads.append(f"{len(data)} bytes")
+        return data
+
+    monkeypatch.setattr(output.os, "read", counted)
+    os.write(fd, b"hello\n")
+    capture.collect()
+    assert reads == ["6 bytes"]
+    assert capture.text() == "hello\n"
+    monkeypatch.undo()
+    _finish_after_collect(capture, fd)
+
+
+def _finish_after_collect(capture: PipeCapture, write_end: int) -> None:
+    capture.close()
+    os.close(write_end)
+    capture.release()
