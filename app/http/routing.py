@@ -19,7 +19,8 @@ does not start with can only answer "no match", and skipping it changes nothing.
 first full match among the rest is the scan's. If there is none (a method the route
 refuses, a path no route takes) the whole scan runs, for its partial match, its slash
 redirect or its 404. The routes are grouped by the first two segments of their prefix,
-so a request asks only its group: the scan's 23 µs per request became 2 µs.
+so a request asks only its group: for the invoke route the scan's 23 µs per request
+became 6 µs.
 """
 
 from __future__ import annotations

@@ -1,14 +1,15 @@
 """wasmtime's short C calls, made without letting go of the GIL.
 
 ctypes releases the GIL around every call into a library loaded as a ``CDLL``, which is
-how wasmtime-py loads libwasmtime. A fresh instance costs about 25 such calls: 15 on the
-worker's event loop thread (the Store, its WASI context, its limits) and 10 on its guest
-thread (finding ``_start``, its type, the memory's size). Each returns in a microsecond or
-two, but with the loop thread and the guest threads all wanting the GIL, each release
-hands it to another thread, and the caller then sleeps until it gets it back: two context
-switches for a microsecond of work. The executor alone at concurrency 32 made 52 context
-switches per call, and 26-30 with these calls keeping the GIL (docs/benchmarks.md, "The
-GIL kept across wasmtime's short calls").
+how wasmtime-py loads libwasmtime. A fresh instance costs 26 such calls: 15 on the
+worker's event loop thread (the Store, its WASI context, its limits) and 11 on its guest
+thread (instantiating, finding ``_start`` and its type, the call, the memory's size,
+deleting the Store). Most return in a microsecond or two, but with the loop thread and
+the guest threads all wanting the GIL, each release hands it to another thread, and the
+caller then sleeps until it gets it back: two context switches for a microsecond of work.
+The executor alone at concurrency 32 made 52 context switches per call, and 26-30 with
+these calls keeping the GIL (docs/benchmarks.md, "The GIL kept across wasmtime's short
+calls").
 
 ``keep_gil_in_short_calls()`` rebinds the calls named in ``SHORT_CALLS`` to the same
 symbols loaded through ``ctypes.PyDLL``, whose calls keep the GIL. wasmtime-py's wrappers
