@@ -29,6 +29,7 @@ from typing import Any
 from wasmtime import _wasi as wasmtime_wasi
 
 from runtimes.pools import IdleCapacity, Pool, PoolClosed, PoolError
+from runtimes.timeouts import fail_after
 from runtimes.wasm import languages, results
 from runtimes.wasm.bootstrap import READY_MARKER
 from runtimes.wasm.config import MIB, WasmConfig
@@ -311,12 +312,8 @@ class WasmExecutor:
                 inst.feed(payload, asyncio.get_running_loop())
             else:
                 inst.start()
-            loop = asyncio.get_running_loop()
-            waiting = inst.outcome_future(loop)
-            # one timer on the loop, not wait_for's timeout context and a shield per call
-            timer = loop.call_later(
-                limits.wall_limit_s + self.config.host_grace_s, _expire, waiting
-            )
+            waiting = inst.outcome_future(asyncio.get_running_loop())
+            timer = fail_after(limits.wall_limit_s + self.config.host_grace_s, waiting)
             try:
                 outcome = await waiting
             except TimeoutError:
@@ -472,11 +469,6 @@ async def _outputs_released(timeout: float) -> None:
             return
         await asyncio.sleep(0.01)
     log.warning("wasm: output callbacks of closed stores still alive after %ss", timeout)
-
-
-def _expire(future: asyncio.Future[Outcome]) -> None:
-    if not future.done():
-        future.set_exception(TimeoutError())
 
 
 def _ms(since: float) -> float:

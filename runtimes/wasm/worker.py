@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from runtimes.nsjail.cgroups import CgroupSetup
+from runtimes.timeouts import fail_after
 from runtimes.wasm import jail
 from runtimes.wasm.config import MIB, WasmConfig
 from runtimes.wasm.protocol import FrameError, FrameWriter, encode, read_frame
@@ -33,11 +34,6 @@ MAX_LOG_LINE = 2000
 
 class WorkerDied(RuntimeError):
     """The worker ended (or was ended) before it answered."""
-
-
-def _time_out(future: asyncio.Future[dict[str, Any]]) -> None:
-    if not future.done():
-        future.set_exception(TimeoutError())
 
 
 class WorkerProcess:
@@ -133,8 +129,7 @@ class WorkerProcess:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[dict[str, Any]] = loop.create_future()
         self._pending[ident] = future
-        # one timer on the loop, not wait_for's timeout context and shield per request
-        timer = None if timeout is None else loop.call_later(timeout, _time_out, future)
+        timer = None if timeout is None else fail_after(timeout, future)
         try:
             self._frames.write(encode({**msg, "id": ident}, blob))
             await proc.stdin.drain()
