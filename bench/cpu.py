@@ -22,7 +22,6 @@ import asyncio
 import json
 import os
 import shutil
-import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from typing import Any
 from cost import machine_busy_s
 from fncall import ROOT, Server, dev_env, export
 from httpload import load
+from stats import alternate, medians
 
 from functions import fib_module, register
 
@@ -158,10 +158,6 @@ COMPARED = (
 )
 
 
-def medians(runs: list[dict[str, Any]]) -> dict[str, float]:
-    return {key: round(statistics.median(run[key] for run in runs), 3) for key in COMPARED}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="fib-c")
@@ -175,17 +171,15 @@ def main() -> None:
         result["run"] = measure(args.workload, args.requests, args.concurrency)
     else:
         trees = {"after": ROOT, "before": export(args.compare)}
-        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
         try:
-            for round_ in range(args.rounds):
-                order = list(trees) if round_ % 2 == 0 else list(reversed(trees))
-                for name in order:
-                    runs[name].append(
-                        measure(args.workload, args.requests, args.concurrency, trees[name])
-                    )
+            runs = alternate(
+                trees,
+                args.rounds,
+                lambda root: measure(args.workload, args.requests, args.concurrency, root),
+            )
         finally:
             shutil.rmtree(trees["before"], ignore_errors=True)
-        after, before = medians(runs["after"]), medians(runs["before"])
+        after, before = medians(runs["after"], COMPARED), medians(runs["before"], COMPARED)
         result["runs"] = runs["after"]
         result["median"] = after
         result["before"] = {"revision": args.compare, "runs": runs["before"], "median": before}

@@ -20,7 +20,6 @@ import base64
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from fncall import ROOT, export
+from stats import alternate, medians
 
 from functions import fib_module
 
@@ -115,10 +115,6 @@ def run_tree(tree: Path, module: Path, args: argparse.Namespace) -> dict[str, An
     return result
 
 
-def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    return {key: round(statistics.median(run[key] for run in runs), 3) for key in runs[0]}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=3000)
@@ -138,11 +134,7 @@ def main() -> None:
         trees = {"after": ROOT}
         if args.compare:
             trees["before"] = export(args.compare)
-        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
-        for round_ in range(args.rounds):
-            order = list(trees) if round_ % 2 == 0 else list(reversed(trees))
-            for name in order:
-                runs[name].append(run_tree(trees[name], module, args))
+        runs = alternate(trees, args.rounds, lambda tree: run_tree(tree, module, args))
         report: dict[str, Any] = {
             "benchmark": "wasm_executor",
             "cpus": os.cpu_count(),

@@ -58,3 +58,19 @@ def test_the_machines_context_switches_are_counted() -> None:
     for _ in range(20):
         time.sleep(0.001)  # each sleep switches away from this thread
     assert context_switches() >= before + 20
+
+
+def test_trees_alternate_and_their_medians_are_taken() -> None:
+    from stats import alternate, medians
+
+    order: list[str] = []
+
+    def run(tree: str) -> dict[str, float]:
+        order.append(tree)
+        return {"calls_per_s": float(len(order)), "other": 0.0}
+
+    runs = alternate({"after": "a", "before": "b"}, 3, run)
+    assert order == ["a", "b", "b", "a", "a", "b"]
+    assert [r["calls_per_s"] for r in runs["after"]] == [1.0, 4.0, 5.0]
+    assert medians(runs["after"], ["calls_per_s"]) == {"calls_per_s": 4.0}
+    assert medians(runs["before"]) == {"calls_per_s": 3.0, "other": 0.0}
