@@ -8,17 +8,24 @@ per call. A process or thread that starts and ends within the run (a jail's per-
 child) is in the machine's figure only. The baseline in the same run is the gateway alone
 (the fake runtime, ``/v1/run``), so a row shows what its runtime adds. With ``--compare
 REV`` the workload also runs on that commit's tree, the two alternating (this tree, REV,
-REV, this tree, ...), so a drift of the machine falls on both. Prints JSON.
+REV, this tree, ...), so a drift of the machine falls on both. With ``--pin-server`` the
+server's threads run on one CPU and everything else (the rest of its tree, this load
+generator) on the others: the server with a core of its own, which shows what a call costs
+it when nothing else runs there and what rate that allows. A process the server starts
+afterwards would inherit its CPU, so the ``nsjail`` workload, whose jails the server
+starts while it runs, is refused. Prints JSON.
 
     .venv/bin/python bench/cpu.py --workload fib-c --requests 6000 --concurrency 32
     .venv/bin/python bench/cpu.py --workload nsjail --requests 4000 --concurrency 32
     .venv/bin/python bench/cpu.py --workload fib-c --requests 4000 --compare HEAD~1
+    .venv/bin/python bench/cpu.py --workload fib-c --requests 4000 --pin-server
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -71,6 +78,22 @@ def threads(pids: list[int]) -> dict[tuple[int, int], tuple[str, float]]:
     return out
 
 
+def pin(server_pid: int, others: list[int]) -> tuple[set[int], set[int]]:
+    """Every thread of ``server_pid`` onto the first CPU this process may use, every
+    thread of ``others`` (and of this process) onto the rest; (server's, others' CPUs).
+    A thread or process started later inherits the CPUs of the thread that starts it."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--pin-server needs at least two CPUs")
+    mine, rest = {cpus[0]}, set(cpus[1:])
+    for pid, cpu_set in [(server_pid, mine), *((other, rest) for other in others)]:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(ProcessLookupError):
+                os.sched_setaffinity(int(tid), cpu_set)
+    os.sched_setaffinity(0, rest)
+    return mine, rest
+
+
 def context_switches() -> int:
     """The machine's context switches so far (``/proc/stat``'s ``ctxt``)."""
     with open("/proc/stat") as f:
@@ -80,8 +103,12 @@ def context_switches() -> int:
     raise RuntimeError("/proc/stat has no ctxt line")
 
 
-def measure(workload: str, requests: int, concurrency: int, root: Path = ROOT) -> dict[str, Any]:
+def measure(
+    workload: str, requests: int, concurrency: int, root: Path = ROOT, *, pin_server: bool = False
+) -> dict[str, Any]:
     runtimes, path, body, registers_fib = WORKLOADS[workload]
+    everywhere = os.sched_getaffinity(0)
+    pinned: dict[str, list[int]] | None = None
     server = Server(8, runtimes, root=root, env=dev_env(runtimes))
     try:
         server.wait_ready()
@@ -100,6 +127,9 @@ def measure(workload: str, requests: int, concurrency: int, root: Path = ROOT) -
         headers = {"Authorization": f"Bearer {key}"}
         asyncio.run(load(server.url, path, body, headers, requests=300, concurrency=8))
         pids = tree(server.proc.pid)
+        if pin_server:
+            mine, rest = pin(server.proc.pid, pids[1:])
+            pinned = {"server_cpus": sorted(mine), "others_cpus": sorted(rest)}
         before, busy0, mine0 = threads(pids), machine_busy_s(), os.times()
         switches0 = context_switches()
         latencies, statuses, wall = asyncio.run(
@@ -109,6 +139,7 @@ def measure(workload: str, requests: int, concurrency: int, root: Path = ROOT) -
         switches1 = context_switches()
     finally:
         server.stop()
+        os.sched_setaffinity(0, everywhere)
     per_process: dict[int, list[float]] = defaultdict(list)
     names: dict[int, str] = {}
     for (pid, tid), (name, cpu) in after.items():
@@ -146,7 +177,7 @@ def measure(workload: str, requests: int, concurrency: int, root: Path = ROOT) -
         "load_generator_ms_per_call": round(1000 * mine / requests, 3),
         "machine_context_switches_per_call": round((switches1 - switches0) / requests, 1),
         "processes": processes,
-    }
+    } | ({"pinned": pinned} if pinned is not None else {})
 
 
 #: the figures of a run whose median over runs is reported with ``--compare``
@@ -165,17 +196,27 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--compare", help="also run the workload on this earlier commit")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each tree with --compare")
+    parser.add_argument(
+        "--pin-server", action="store_true", help="the server on one CPU, all else on the rest"
+    )
     args = parser.parse_args()
+    pin_server = args.pin_server
+    if pin_server and args.workload == "nsjail":
+        parser.error("--pin-server: the server starts the nsjail workload's jails (see above)")
     result: dict[str, Any] = {"benchmark": "cpu", "cpus": os.cpu_count()}
     if not args.compare:
-        result["run"] = measure(args.workload, args.requests, args.concurrency)
+        result["run"] = measure(
+            args.workload, args.requests, args.concurrency, pin_server=pin_server
+        )
     else:
         trees = {"after": ROOT, "before": export(args.compare)}
         try:
             runs = alternate(
                 trees,
                 args.rounds,
-                lambda root: measure(args.workload, args.requests, args.concurrency, root),
+                lambda root: measure(
+                    args.workload, args.requests, args.concurrency, root, pin_server=pin_server
+                ),
             )
         finally:
             shutil.rmtree(trees["before"], ignore_errors=True)
@@ -187,7 +228,9 @@ def main() -> None:
             key: round(value / before[key], 3) if before[key] else None
             for key, value in after.items()
         }
-    result["baseline_gateway_alone"] = measure("fake", args.requests, args.concurrency)
+    result["baseline_gateway_alone"] = measure(
+        "fake", args.requests, args.concurrency, pin_server=pin_server
+    )
     print(json.dumps(result, indent=2))
 
 

@@ -74,3 +74,28 @@ def test_trees_alternate_and_their_medians_are_taken() -> None:
     assert [r["calls_per_s"] for r in runs["after"]] == [1.0, 4.0, 5.0]
     assert medians(runs["after"], ["calls_per_s"]) == {"calls_per_s": 4.0}
     assert medians(runs["before"]) == {"calls_per_s": 3.0, "other": 0.0}
+
+
+def test_pin_puts_the_server_on_one_cpu_and_the_rest_elsewhere() -> None:
+    from cpu import pin
+
+    everywhere = os.sched_getaffinity(0)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        mine, rest = pin(parent.pid, [child])
+        assert mine == {min(everywhere)} and rest == everywhere - mine
+        for pid, want in ((parent.pid, mine), (child, rest)):
+            tids = os.listdir(f"/proc/{pid}/task")
+            assert len(tids) >= 1
+            assert all(os.sched_getaffinity(int(tid)) == want for tid in tids), pid
+        assert os.sched_getaffinity(0) == rest  # the load generator
+    finally:
+        os.sched_setaffinity(0, everywhere)
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
+        assert parent.stdout is not None
+        parent.stdout.close()
