@@ -85,13 +85,13 @@ def pin(server_pid: int, others: list[int]) -> tuple[set[int], set[int]]:
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         raise SystemExit("--pin-server needs at least two CPUs")
-    mine, rest = {cpus[0]}, set(cpus[1:])
-    for pid, cpu_set in [(server_pid, mine), *((other, rest) for other in others)]:
+    server_cpus, other_cpus = {cpus[0]}, set(cpus[1:])
+    for pid, cpu_set in [(server_pid, server_cpus), *((other, other_cpus) for other in others)]:
         for tid in os.listdir(f"/proc/{pid}/task"):
             with contextlib.suppress(ProcessLookupError):
                 os.sched_setaffinity(int(tid), cpu_set)
-    os.sched_setaffinity(0, rest)
-    return mine, rest
+    os.sched_setaffinity(0, other_cpus)
+    return server_cpus, other_cpus
 
 
 def context_switches() -> int:
@@ -128,8 +128,8 @@ def measure(
         asyncio.run(load(server.url, path, body, headers, requests=300, concurrency=8))
         pids = tree(server.proc.pid)
         if pin_server:
-            mine, rest = pin(server.proc.pid, pids[1:])
-            pinned = {"server_cpus": sorted(mine), "others_cpus": sorted(rest)}
+            server_cpus, other_cpus = pin(server.proc.pid, pids[1:])
+            pinned = {"server_cpus": sorted(server_cpus), "others_cpus": sorted(other_cpus)}
         before, busy0, mine0 = threads(pids), machine_busy_s(), os.times()
         switches0 = context_switches()
         latencies, statuses, wall = asyncio.run(
