@@ -4,9 +4,17 @@ Runs a workload at one concurrency against a fresh ``corral serve`` and reads
 ``/proc/<pid>/task/*/stat`` of every process of the server's tree before and after, and
 ``/proc/stat`` for the machine: CPU milliseconds per call of each process's busiest
 threads, of the machine, and of this load generator, and the machine's context switches
-per call. A process or thread that starts and ends within the run (a jail's per-call
-child) is in the machine's figure only. The baseline in the same run is the gateway alone
-(the fake runtime, ``/v1/run``), so a row shows what its runtime adds. With ``--compare
+per call. A process that starts and ends within the run (a jail's per-call child) is
+charged to the process that waited for it (``reaped_ms_per_call``: the kernel adds an
+ended child's CPU, and that of the children it waited for, to its parent's ``cutime``
+and ``cstime`` when the parent waits for it). The tree is read again at the end, so a
+process started during the run (a jail replacing a recycled one) is counted from its
+start; one that ended (the recycled jail) is in its parent's ``reaped_ms_per_call``.
+Each process is named with its parent's name, so a jail's PID 1 (parent ``nsjail``)
+tells from its template (parent ``python3``). What neither the tree nor the load
+generator accounts for (the kernel's work in interrupts and its own threads, other
+processes) is ``unaccounted_ms_per_call``. The baseline in the same run is the gateway
+alone (the fake runtime, ``/v1/run``), so a row shows what its runtime adds. With ``--compare
 REV`` the workload also runs on that commit's tree, the two alternating (this tree, REV,
 REV, this tree, ...), so a drift of the machine falls on both. With ``--pin-server`` the
 server's threads run on one CPU and everything else (the rest of its tree, this load
@@ -78,6 +86,24 @@ def threads(pids: list[int]) -> dict[tuple[int, int], tuple[str, float]]:
     return out
 
 
+def process_stats(pids: list[int]) -> dict[int, tuple[str, str, float]]:
+    """pid -> (its name, its parent's name, the CPU seconds of its ended children that it
+    has waited for, and theirs in turn: ``cutime`` + ``cstime``)."""
+    out: dict[int, tuple[str, str, float]] = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+            fields = stat.rsplit(")", 1)[1].split()
+            with open(f"/proc/{fields[1]}/comm") as f:
+                parent = f.read().strip()
+        except FileNotFoundError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        out[pid] = (name, parent, (int(fields[13]) + int(fields[14])) / TICK)
+    return out
+
+
 def pin(server_pid: int, others: list[int]) -> tuple[set[int], set[int]]:
     """Every thread of ``server_pid`` onto the first CPU this process may use, every
     thread of ``others`` (and of this process) onto the rest; (server's, others' CPUs).
@@ -131,12 +157,14 @@ def measure(
             server_cpus, other_cpus = pin(server.proc.pid, pids[1:])
             pinned = {"server_cpus": sorted(server_cpus), "others_cpus": sorted(other_cpus)}
         before, busy0, mine0 = threads(pids), machine_busy_s(), os.times()
-        switches0 = context_switches()
+        reaped0, switches0 = process_stats(pids), context_switches()
         latencies, statuses, wall = asyncio.run(
             load(server.url, path, body, headers, requests=requests, concurrency=concurrency)
         )
+        # with the processes started during the run (a jail that replaced a recycled one)
+        pids = sorted({*pids, *tree(server.proc.pid)})
         after, busy1, mine1 = threads(pids), machine_busy_s(), os.times()
-        switches1 = context_switches()
+        reaped1, switches1 = process_stats(pids), context_switches()
     finally:
         server.stop()
         os.sched_setaffinity(0, everywhere)
@@ -147,16 +175,26 @@ def measure(
         per_process[pid].append(spent)
         names[pid] = name
     processes = []
+    accounted = 0.0
     for pid, spent in per_process.items():
         total = sum(spent)
-        if total * 1000 / requests < 0.01:
+        # a process started during the run has no earlier children
+        reaped = (
+            reaped1[pid][2] - reaped0[pid][2]
+            if pid in reaped0
+            else reaped1.get(pid, ("", "", 0.0))[2]
+        )
+        accounted += total + reaped
+        if (total + reaped) * 1000 / requests < 0.01:
             continue
         spent.sort(reverse=True)
         processes.append(
             {
                 "process": names[pid],
+                "parent": reaped1[pid][1] if pid in reaped1 else None,
                 "server": pid == server.proc.pid,
                 "ms_per_call": round(1000 * total / requests, 3),
+                "reaped_ms_per_call": round(1000 * reaped / requests, 3),
                 "busiest_thread_ms_per_call": round(1000 * spent[0] / requests, 3),
                 "next_thread_ms_per_call": round(1000 * spent[1] / requests, 3)
                 if len(spent) > 1
@@ -164,7 +202,7 @@ def measure(
                 "threads": len(spent),
             }
         )
-    processes.sort(key=lambda p: -float(p["ms_per_call"]))
+    processes.sort(key=lambda p: -(float(p["ms_per_call"]) + float(p["reaped_ms_per_call"])))
     mine = (mine1.user + mine1.system) - (mine0.user + mine0.system)
     return {
         "workload": workload,
@@ -175,6 +213,7 @@ def measure(
         "machine_busy_percent": round(100 * (busy1 - busy0) / wall),
         "machine_ms_per_call": round(1000 * (busy1 - busy0) / requests, 3),
         "load_generator_ms_per_call": round(1000 * mine / requests, 3),
+        "unaccounted_ms_per_call": round(1000 * (busy1 - busy0 - mine - accounted) / requests, 3),
         "machine_context_switches_per_call": round((switches1 - switches0) / requests, 1),
         "processes": processes,
     } | ({"pinned": pinned} if pinned is not None else {})
