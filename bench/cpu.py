@@ -9,7 +9,8 @@ charged to the process that waited for it (``reaped_ms_per_call``: the kernel ad
 ended child's CPU, and that of the children it waited for, to its parent's ``cutime``
 and ``cstime`` when the parent waits for it). The tree is read again at the end, so a
 process started during the run (a jail replacing a recycled one) is counted from its
-start; one that ended (the recycled jail) is in its parent's ``reaped_ms_per_call``.
+start; one that ended (the recycled jail) is in its parent's ``reaped_ms_per_call``, with
+all of its life's CPU, from before the run too (so keep the run short of recycling).
 Each process is named with its parent's name, so a jail's PID 1 (parent ``nsjail``)
 tells from its template (parent ``python3``). What neither the tree nor the load
 generator accounts for (the kernel's work in interrupts and its own threads, other

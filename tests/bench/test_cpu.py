@@ -1,4 +1,5 @@
-"""``bench/cpu.py`` finds every process of a tree and charges each thread its own CPU."""
+"""``bench/cpu.py`` finds every process of a tree, charges each thread its own CPU and an
+ended child's to the process that waited for it."""
 
 from __future__ import annotations
 
