@@ -214,14 +214,28 @@ def _setup() -> Channel:
     return channel
 
 
+#: the signals ``_default_signals`` ignores, and those it sets to their default action:
+#: plain numbers, listed once at start-up, so that a spare runs one system call per signal
+#: and little else (a spare's every step is paid in copied pages: docs/benchmarks.md)
+_IGNORED_SIGNALS = (int(signal.SIGPIPE), int(signal.SIGXFSZ))
+_DEFAULT_SIGNALS = tuple(
+    int(signum)
+    for signum in sorted(signal.valid_signals())
+    if signum not in (signal.SIGKILL, signal.SIGSTOP) and signum not in _IGNORED_SIGNALS
+)
+
+
 def _default_signals() -> None:
     """Every signal at its default action but SIGPIPE and SIGXFSZ, ignored."""
-    for signum in signal.valid_signals():
-        if signum in (signal.SIGKILL, signal.SIGSTOP):
-            continue
-        action = signal.SIG_IGN if signum in (signal.SIGPIPE, signal.SIGXFSZ) else signal.SIG_DFL
-        with contextlib.suppress(OSError, ValueError):
-            signal.signal(signum, action)
+    set_action, default, ignore = signal.signal, signal.SIG_DFL, signal.SIG_IGN
+    for signum in _DEFAULT_SIGNALS:
+        # not contextlib.suppress: an object per signal; a try costs nothing until it raises
+        try:  # noqa: SIM105
+            set_action(signum, default)
+        except (OSError, ValueError):
+            pass
+    for signum in _IGNORED_SIGNALS:
+        set_action(signum, ignore)
 
 
 def _vm_bytes() -> int:

@@ -383,6 +383,35 @@ async def test_killing_the_parent_does_not_break_the_jail(
     await still_works(runtime, language="bash")
 
 
+#: the blocked, ignored and caught signals of a process, from its /proc/self/status
+SIGNAL_MASKS = ("SigBlk", "SigIgn", "SigCgt")
+
+
+def signal_masks(stdout: str) -> dict[str, int]:
+    fields = dict(line.split(":", 1) for line in stdout.splitlines() if ":" in line)
+    return {name: int(fields[name].strip(), 16) for name in SIGNAL_MASKS}
+
+
+async def test_the_code_gets_default_signals_not_the_templates(
+    run: RunFn, runtime: NsjailRuntime
+) -> None:
+    """The template ignores every signal it can (the code may signal it); the call's
+    process sets them back before the code runs: Python's own dispositions for Python
+    code (SIGPIPE ignored, SIGINT caught as KeyboardInterrupt), none for a program."""
+    probe = "print(open('/proc/self/status').read())"
+    for _ in range(2):  # the first spare and one forked after a call
+        python = await run(runtime, probe)
+        assert python.run.ok, python.run
+        assert signal_masks(python.run.stdout) == {
+            "SigBlk": 0,
+            "SigIgn": 1 << (13 - 1),  # SIGPIPE
+            "SigCgt": 1 << (2 - 1),  # SIGINT
+        }
+    bash = await run(runtime, "exec cat /proc/self/status\n", language="bash")
+    assert bash.run.ok, bash.run
+    assert signal_masks(bash.run.stdout) == {"SigBlk": 0, "SigIgn": 0, "SigCgt": 0}
+
+
 async def test_seccomp_and_privileges(run: RunFn, runtime: NsjailRuntime) -> None:
     code = (
         "import ctypes, os\n"
