@@ -179,12 +179,9 @@ def measure(
     accounted = 0.0
     for pid, spent in per_process.items():
         total = sum(spent)
-        # a process started during the run has no earlier children
-        reaped = (
-            reaped1[pid][2] - reaped0[pid][2]
-            if pid in reaped0
-            else reaped1.get(pid, ("", "", 0.0))[2]
-        )
+        # a process started during the run has no earlier children; one that ended
+        # between the two reads at the end has no reading
+        reaped = reaped1[pid][2] - reaped0.get(pid, ("", "", 0.0))[2] if pid in reaped1 else 0.0
         accounted += total + reaped
         if (total + reaped) * 1000 / requests < 0.01:
             continue
