@@ -101,6 +101,26 @@ async def test_python_is_a_normal_main_module(run: RunFn, all_languages: NsjailR
     )
 
 
+async def test_a_program_the_python_code_starts_inherits_the_same_environment(
+    run: RunFn, all_languages: NsjailRuntime
+) -> None:
+    """The environment is set once, in PID 1 before the template is forked, not by each
+    call's process: what the code's children inherit (the C-level environment) is the
+    same as ``os.environ``, on every call."""
+    code = (
+        "import os, subprocess\n"
+        "out = subprocess.run(['/usr/bin/env'], capture_output=True, text=True).stdout\n"
+        "print(sorted(out.splitlines()) == sorted(f'{k}={v}' for k, v in os.environ.items()))\n"
+        "print(sorted(out.splitlines()))\n"
+    )
+    for _ in range(2):
+        result = await run(all_languages, code)
+        assert result.run is not None and result.run.ok, result.run
+        same, env = result.run.stdout.splitlines()
+        assert same == "True"
+        assert env == str(["HOME=/tmp", "LANG=C.UTF-8", "PATH=/usr/bin:/bin", "TMPDIR=/tmp"])
+
+
 async def test_python_traceback_and_syntax_error(run: RunFn, all_languages: NsjailRuntime) -> None:
     result = await run(all_languages, "x = 1\nraise ValueError('boom')\n")
     assert result.run is not None and result.run.exit_code == 1
