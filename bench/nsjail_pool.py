@@ -2,9 +2,14 @@
 
 Both paths use the same walls (namespaces, mounts, seccomp, rlimits, cgroups); the
 baseline starts ``nsjail ... -- python3 -c 'print(1)'`` for every call, the pool forks the
-warm zygote of a jail bound to the tenant. Prints one JSON object.
+warm zygote of a jail bound to the tenant. With ``--concurrency C`` the warm pool also
+runs ``--concurrent-calls`` calls C at a time: the runtime alone, without the gateway, its
+HTTP or its record, and what it costs the machine (``/proc/stat``) and this process (the
+host side of the jails: the pool, the protocol to each jail's PID 1, its cgroup files) per
+call, so what the jails take is the difference. Prints one JSON object.
 
     .venv/bin/python bench/nsjail_pool.py [-n 200] [--languages RUNS]      (as root)
+    .venv/bin/python bench/nsjail_pool.py -n 50 --concurrency 32 --concurrent-calls 2400
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import os
 import time
 from typing import Any
 
+from cost import machine_busy_s
 from stats import latency_summary
 
 from runtimes.nsjail import NsjailConfig, NsjailRuntime
@@ -46,6 +52,35 @@ async def bench_pool(runtime: NsjailRuntime, n: int) -> dict[str, Any]:
         "total": summary(total),
         "setup_p50_ms": summary(setup)["p50_ms"],
         "exec_p50_ms": summary(exec_)["p50_ms"],
+    }
+
+
+async def bench_concurrent(runtime: NsjailRuntime, calls: int, concurrency: int) -> dict[str, Any]:
+    """``calls`` of ``print(1)``, ``concurrency`` at a time, on the warm pool: calls per
+    second, and CPU milliseconds per call of the machine and of this process."""
+    spec = RunSpec(language="python", code="print(1)")
+    per_worker = calls // concurrency
+
+    async def worker(k: int, n: int, tag: str) -> None:
+        for i in range(n):
+            result = await runtime.run(spec, tenant_id="bench", invocation_id=f"{tag}-{k}-{i}")
+            if result.run is None or result.run.stdout != "1\n":
+                raise RuntimeError(f"unexpected result: {result}")
+
+    # as many jails as the concurrency binds, warm before the clock starts
+    await asyncio.gather(*(worker(k, 10, "warmup") for k in range(concurrency)))
+    busy, mine, started = machine_busy_s(), os.times(), time.perf_counter()
+    await asyncio.gather(*(worker(k, per_worker, "bench") for k in range(concurrency)))
+    wall = time.perf_counter() - started
+    busy, mine_after = machine_busy_s() - busy, os.times()
+    done = per_worker * concurrency
+    this = (mine_after.user + mine_after.system) - (mine.user + mine.system)
+    return {
+        "concurrency": concurrency,
+        "calls": done,
+        "calls_per_s": round(done / wall, 1),
+        "machine_ms_per_call": round(1000 * busy / done, 3),
+        "this_process_ms_per_call": round(1000 * this / done, 3),
     }
 
 
@@ -132,14 +167,17 @@ async def bench_languages(runs: int) -> dict[str, Any]:
     return out
 
 
-async def main(n: int) -> dict[str, Any]:
+async def main(n: int, concurrency: int | None = None, calls: int = 2400) -> dict[str, Any]:
     config = NsjailConfig(languages=["python"], warm_per_language=1)
     runtime = NsjailRuntime(config)
     started = time.perf_counter()
     await runtime.start()
     start_ms = (time.perf_counter() - started) * 1000
+    concurrent: dict[str, Any] | None = None
     try:
         pool = await bench_pool(runtime, n)
+        if concurrency is not None:
+            concurrent = await bench_concurrent(runtime, calls, concurrency)
         command = runtime._command
         assert command is not None
         one_shot = await bench_one_shot(command, config.python_path, n)
@@ -152,7 +190,7 @@ async def main(n: int) -> dict[str, Any]:
         "warm_pool": pool,
         "one_shot_nsjail": one_shot,
         "speedup_p50": round(one_shot["total"]["p50_ms"] / pool["total"]["p50_ms"], 1),
-    }
+    } | ({"warm_pool_concurrent": concurrent} if concurrent is not None else {})
 
 
 if __name__ == "__main__":
@@ -161,8 +199,18 @@ if __name__ == "__main__":
     parser.add_argument(
         "--languages", type=int, metavar="RUNS", help="also time hello world per language"
     )
+    parser.add_argument(
+        "--concurrency", type=int, help="also run the warm pool this many calls at a time"
+    )
+    parser.add_argument(
+        "--concurrent-calls",
+        type=int,
+        default=2400,
+        help="calls of the --concurrency run (a jail is recycled after 500 uses: keep it "
+        "under 500 times the jails the concurrency binds)",
+    )
     args = parser.parse_args()
-    report = asyncio.run(main(args.n))
+    report = asyncio.run(main(args.n, args.concurrency, args.concurrent_calls))
     if args.languages:
         report["hello_world_by_language"] = asyncio.run(bench_languages(args.languages))
     print(json.dumps(report, indent=2))
