@@ -56,8 +56,9 @@ async def bench_pool(runtime: NsjailRuntime, n: int) -> dict[str, Any]:
 
 
 async def bench_concurrent(runtime: NsjailRuntime, calls: int, concurrency: int) -> dict[str, Any]:
-    """``calls`` of ``print(1)``, ``concurrency`` at a time, on the warm pool: calls per
-    second, and CPU milliseconds per call of the machine and of this process."""
+    """``calls`` of ``print(1)`` (rounded down to a multiple of ``concurrency``),
+    ``concurrency`` at a time, on the warm pool: calls per second, and CPU milliseconds per
+    call of the machine and of this process."""
     spec = RunSpec(language="python", code="print(1)")
     per_worker = calls // concurrency
 
