@@ -326,12 +326,23 @@ class CrunBackend(SandboxBackend):
         """The sandbox's saved settings and ``user``'s account, cached while the sandbox's
         /etc/passwd is unchanged; the kernel's freezer says whether it can run commands
         (no runtime command on the hot path)."""
+        freezer = self._cgroup("freezer", sandbox_id) / "freezer.state"
         try:
-            state = (self._cgroup("freezer", sandbox_id) / "freezer.state").read_text().strip()
-        except OSError:
+            state = freezer.read_text().strip()
+        except OSError as exc:
             if not (directory / "config.json").exists():
                 raise SandboxNotFound(f"no sandbox {sandbox_id}") from None
-            raise SandboxNotRunning(f"sandbox {sandbox_id} is not running") from None
+            # its files are here but its freezer group cannot be read: say what was found
+            # (the tenant's answer names no host path)
+            log.warning(
+                "sandbox=%s: exec refused, its freezer group cannot be read (%s; group %s)",
+                sandbox_id,
+                exc,
+                "present" if freezer.parent.is_dir() else "absent",
+            )
+            raise SandboxNotRunning(
+                f"sandbox {sandbox_id} is not running (its cgroup cannot be read)"
+            ) from None
         if state != "THAWED":
             raise SandboxNotRunning(f"sandbox {sandbox_id} is paused")
         meta = self._meta.get(sandbox_id)

@@ -169,6 +169,31 @@ async def test_a_pause_returns_only_once_busy_processes_are_frozen(
     await crun.destroy("sbx-busy")
 
 
+async def test_an_exec_that_finds_no_freezer_group_is_refused_and_logged(
+    crun: CrunBackend,
+    busybox_image: RootImage,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A running sandbox whose freezer group cannot be read (here: looked for under a
+    wrong root) is refused with 409, and the node's log says which sandbox, the error and
+    whether the group was there."""
+    await crun.create(spec("sbx-nofreezer"), busybox_image)
+    real = crun._cgroup
+
+    def elsewhere(controller: str, sandbox_id: str) -> Path:
+        path = real(controller, sandbox_id)
+        return path.with_name(path.name + "-gone") if controller == "freezer" else path
+
+    monkeypatch.setattr(crun, "_cgroup", elsewhere)
+    with pytest.raises(SandboxNotRunning, match="its cgroup cannot be read"):
+        await run(crun, "sbx-nofreezer", ["true"])
+    assert "sandbox=sbx-nofreezer: exec refused" in caplog.text
+    assert "No such file or directory" in caplog.text and "group absent" in caplog.text
+    monkeypatch.undo()
+    assert (await run(crun, "sbx-nofreezer", ["true"])).exit_code == 0
+
+
 async def test_destroy_releases_mounts_cgroups_and_files(
     crun: CrunBackend, busybox_image: RootImage, tmp_path: Path
 ) -> None:
