@@ -333,18 +333,23 @@ class WasmRuntime(Runtime):
         return await asyncio.wait_for(asyncio.shield(ready), self.config.worker_start_timeout_s)
 
     def _on_status(self, msg: dict[str, Any], worker: WorkerProcess) -> None:
+        """A worker's status. Its idle capacity is this node's whichever worker reports it
+        (each status hands over what accrued since the last, so one dropped is lost): the
+        worker that is starting (its warm starts may be reported before it is current)
+        and one being replaced count as the current one does. Only the current worker's
+        gauges and stuck instances are the runtime's."""
+        for key, values in (msg.get("idle") or {}).items():
+            seconds, mb_seconds, starts, cold = values
+            cap = self._idle.setdefault(str(key), IdleCapacity())
+            cap += IdleCapacity(float(seconds), float(mb_seconds), int(starts), int(cold))
         if worker is not self._worker:
-            return  # a worker being replaced
+            return
         stuck = int(msg.get("stuck") or 0)
         if stuck >= self.config.max_stuck_instances and self._retiring is None and not self._closed:
             self._retiring = asyncio.get_running_loop().create_task(
                 self._retire(worker, stuck), name="wasm-worker-retire"
             )
         self._status = {k: msg.get(k) for k in ("warm", "starting", "inventory")}
-        for key, values in (msg.get("idle") or {}).items():
-            seconds, mb_seconds, starts, cold = values
-            cap = self._idle.setdefault(str(key), IdleCapacity())
-            cap += IdleCapacity(float(seconds), float(mb_seconds), int(starts), int(cold))
 
     # --- calls --------------------------------------------------------------------------
     async def _call(
