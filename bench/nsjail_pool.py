@@ -26,11 +26,18 @@ from stats import latency_summary
 
 from runtimes.nsjail import NsjailConfig, NsjailRuntime
 from runtimes.nsjail.command import JailCommand
-from wire.execution import RunSpec
+from wire.execution import RunResult, RunSpec
 
 
 def summary(samples_ms: list[float]) -> dict[str, Any]:
     return latency_summary(samples_ms)
+
+
+def checked(result: RunResult) -> RunResult:
+    """``result``, if it is the ``1`` that ``print(1)`` prints."""
+    if result.run is None or result.run.stdout != "1\n":
+        raise RuntimeError(f"unexpected result: {result}")
+    return result
 
 
 async def bench_pool(runtime: NsjailRuntime, n: int) -> dict[str, Any]:
@@ -44,8 +51,7 @@ async def bench_pool(runtime: NsjailRuntime, n: int) -> dict[str, Any]:
         started = time.perf_counter()
         result = await runtime.run(spec, tenant_id="bench", invocation_id=f"bench-{i}")
         total.append((time.perf_counter() - started) * 1000)
-        if result.run is None or result.run.stdout != "1\n":
-            raise RuntimeError(f"unexpected result: {result}")
+        checked(result)
         setup.append(result.setup_ms)
         exec_.append(result.exec_ms)
     return {
@@ -64,9 +70,7 @@ async def bench_concurrent(runtime: NsjailRuntime, calls: int, concurrency: int)
 
     async def worker(k: int, n: int, tag: str) -> None:
         for i in range(n):
-            result = await runtime.run(spec, tenant_id="bench", invocation_id=f"{tag}-{k}-{i}")
-            if result.run is None or result.run.stdout != "1\n":
-                raise RuntimeError(f"unexpected result: {result}")
+            checked(await runtime.run(spec, tenant_id="bench", invocation_id=f"{tag}-{k}-{i}"))
 
     # as many jails as the concurrency binds, warm before the clock starts
     await asyncio.gather(*(worker(k, 10, "warmup") for k in range(concurrency)))
