@@ -3,7 +3,8 @@
 # done:
 #
 #  * installs, via apt only, crun and runc (the OCI runtimes), gcc and libc6-dev (for
-#    corral-init, PID 1 of every sandbox);
+#    corral-init, PID 1 of every sandbox), util-linux (unshare: sandboxes' user
+#    namespaces) and lxcfs (sandboxes' own /proc figures; the node starts it);
 #  * builds deploy/sandbox/bin/corral-init, static, when its source is newer;
 #  * on a hybrid cgroup layout, mounts the v1 hugetlb controller crun needs (once per boot;
 #    the backend does it too when it starts as root).
@@ -11,7 +12,7 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 
-scripts/apt-ensure setup-sandboxes crun runc gcc libc6-dev nftables iproute2 util-linux
+scripts/apt-ensure setup-sandboxes crun runc gcc libc6-dev nftables iproute2 util-linux lxcfs
 
 src=deploy/sandbox/corral-init.c
 bin=deploy/sandbox/bin/corral-init

@@ -3,8 +3,9 @@
  *
  *   corral-init            PID 1: ignores every signal it can (so nothing inside the
  *                          sandbox can stop it: the kernel drops SIGKILL and SIGSTOP sent
- *                          to a namespace's init from inside), reaps every orphan, never
- *                          exits on its own. When the node handed it a listening Unix
+ *                          to a namespace's init from inside), is not dumpable (so root
+ *                          inside cannot write its memory or read its descriptors through
+ *                          /proc/1), reaps every orphan, never exits on its own. When the node handed it a listening Unix
  *                          socket as fd 3 (`crun run --preserve-fds 1`), it also starts
  *                          the node's commands: see "spawning" below.
  *   corral-init exec CMD   a command run by `crun exec`: starts a session of its own (so
@@ -41,6 +42,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -260,6 +262,12 @@ static _Noreturn void serve(int listener) {
 }
 
 int main(int argc, char **argv) {
+    /* Not dumpable: root inside shares PID 1's ids, so without this it could open
+     * /proc/1/mem for writing (no ptrace call needed), read init's fds and environment,
+     * and rewrite the agent that runs the node's commands. The children it forks inherit
+     * it until they exec. */
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
+        return 125;
     if (argc >= 3 && strcmp(argv[1], "exec") == 0) {
         setsid();
         execvp(argv[2], &argv[2]);

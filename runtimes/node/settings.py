@@ -133,6 +133,28 @@ class NodeSettings(BaseSettings):
         "and CGNAT by default: add the cluster's own; loopback, link-local and multicast "
         "are always closed).",
     )
+    sandbox_user_namespaces: bool = Field(
+        True,
+        description="Run each container sandbox in a user namespace of its own (root inside "
+        "is an unprivileged host uid). Off only on kernels without idmapped mounts (< 5.19): "
+        "root inside is then host root.",
+    )
+    sandbox_uid_ranges_dir: Path = Field(
+        Path("/run/corral/uid-ranges"),
+        description="The host-wide registry of sandboxes' host id ranges (shared by every "
+        "node on the host; runtimes/sandboxes/crun/uidranges.py).",
+    )
+    sandbox_uid_first: int = Field(
+        1 << 28, ge=65536, description="The first host uid/gid given to sandboxes' ranges."
+    )
+    sandbox_uid_slots: int = Field(
+        16384, ge=1, description="How many ranges of 65,536 ids sandboxes may hold on the host."
+    )
+    sandbox_lxcfs_dir: Path | None = Field(
+        Path("/run/corral/lxcfs"),
+        description="Where the host's LXCFS serves sandboxes their own /proc figures (memory, "
+        "CPUs, uptime); unset: sandboxes see the host's (runtimes/sandboxes/crun/lxcfs.py).",
+    )
     node_token: SecretStr | None = Field(
         None,
         description="Bearer token of the node's sandbox API, shared with the gateways "

@@ -91,11 +91,23 @@ def _raise_for(exc: OSError, path: str) -> None:
     raise SandboxPathError(f"{path}: {exc.strerror or exc}") from exc
 
 
-class RootedFS:
-    """The tree under ``root`` (a sandbox's mounted root filesystem), seen from inside."""
+#: how an id outside a user namespace's map reads inside it
+OVERFLOW_ID = 65534
 
-    def __init__(self, root: Path) -> None:
+
+class RootedFS:
+    """The tree under ``root`` (a sandbox's mounted root filesystem), seen from inside.
+
+    ``id_offset``: the host id of the sandbox's id 0 (its user namespace's range): owners
+    are given and reported as the sandbox's own ids."""
+
+    def __init__(self, root: Path, *, id_offset: int = 0) -> None:
         self.root = root
+        self.id_offset = id_offset
+
+    def _inner(self, host_id: int) -> int:
+        inner = host_id - self.id_offset
+        return inner if 0 <= inner < 65536 or not self.id_offset else OVERFLOW_ID
 
     @contextlib.contextmanager
     def _root_fd(self) -> Iterator[int]:
@@ -213,7 +225,7 @@ class RootedFS:
                 while view:
                     written = os.write(fd, view)
                     view = view[written:]
-                os.fchown(fd, owner.uid, owner.gid)
+                os.fchown(fd, owner.uid + self.id_offset, owner.gid + self.id_offset)
             except OSError as exc:
                 _raise_for(exc, path)
             return self._entry(os.fstat(fd), path, None)
@@ -231,7 +243,13 @@ class RootedFS:
             with self._parent(prefix) as (parent, name):
                 try:
                     os.mkdir(name, 0o755, dir_fd=parent)
-                    os.chown(name, owner.uid, owner.gid, dir_fd=parent, follow_symlinks=False)
+                    os.chown(
+                        name,
+                        owner.uid + self.id_offset,
+                        owner.gid + self.id_offset,
+                        dir_fd=parent,
+                        follow_symlinks=False,
+                    )
                     made = True
                 except FileExistsError:
                     pass  # made meanwhile, or a non-directory: the next open says which
@@ -312,8 +330,8 @@ class RootedFS:
             type=kind,
             size=info.st_size,
             mode=stat.S_IMODE(mode),
-            owner=str(info.st_uid),
-            group=str(info.st_gid),
+            owner=str(self._inner(info.st_uid)),
+            group=str(self._inner(info.st_gid)),
             modified_at=info.st_mtime,
             symlink_target=target,
         )

@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING
 
 from runtimes.sandboxes.base import register
 from runtimes.sandboxes.crun.backend import CrunBackend
+from runtimes.sandboxes.crun.lxcfs import Lxcfs
+from runtimes.sandboxes.crun.uidranges import UidRanges
 from runtimes.sandboxes.network import Network
 
 if TYPE_CHECKING:
@@ -16,7 +18,18 @@ def _create(settings: NodeSettings) -> CrunBackend:
     network = None
     if settings.sandbox_network_cidr is not None:
         network = Network(settings.sandbox_network_cidr, settings.sandbox_network_deny)
-    return CrunBackend(settings.data_dir, runtime=settings.sandbox_runtime, network=network)
+    return CrunBackend(
+        settings.data_dir,
+        runtime=settings.sandbox_runtime,
+        network=network,
+        uid_ranges=UidRanges(
+            settings.sandbox_uid_ranges_dir,
+            first=settings.sandbox_uid_first,
+            slots=settings.sandbox_uid_slots,
+        ),
+        user_namespaces=settings.sandbox_user_namespaces,
+        lxcfs=Lxcfs(settings.sandbox_lxcfs_dir),
+    )
 
 
 register("crun", _create)

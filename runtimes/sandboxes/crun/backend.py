@@ -1,13 +1,27 @@
 """Container sandboxes on crun (runc as a fallback): the ``crun`` sandbox backend.
 
-A sandbox on disk (``<data_dir>/sandboxes/<id>/``): ``layer/``, a tmpfs of ``disk_mb``
-holding the overlay's ``upper`` and ``work`` dirs (the writable layer: its size is the
-sandbox's disk, its pages are charged to whoever writes them); ``rootfs/``, the overlay
-of that layer on the image's read-only root; ``config.json``. The runtime keeps its
-state under ``<data_dir>/sandboxes/.state`` (``crun --root``), which is how a restarted
-node finds the sandboxes it left running (``start``). ``destroy`` kills the container,
-deletes it (its cgroups go with it), and unmounts and removes the rest; every step is
-safe to repeat, so a half-made or half-destroyed sandbox is finished off by the next.
+A sandbox on disk (``<data_dir>/sandboxes/<id>/``, private to the node): ``layer/``, a
+tmpfs of ``disk_mb`` holding the overlay's ``upper`` and ``work`` dirs (the writable
+layer: its size is the sandbox's disk, its pages are charged to whoever writes them);
+``config.json``; ``sandbox.json`` (what the node keeps of it: env, its id range).
+
+Each sandbox has a user namespace of its own (``crun.uidranges``: a host id range no
+other sandbox on the host holds). Its root file system, the overlay of its layer on the
+image's read-only root (and the snapshot layers it starts from), is mounted in its slot's
+directory (``UidRanges.rootfs``), which only that range's root can enter. The read-only
+layers are stored with the ids their files have inside (an image's, a snapshot's) and
+given to overlayfs as idmapped, detached trees (``crun.mounts.idmapped_tree``): one copy
+serves every sandbox, each seeing it owned by its own range. The overlay's options name
+those trees and the layer by descriptor, so the sandbox's ``/proc/self/mountinfo`` shows
+no host path.
+
+The runtime keeps its state under ``<data_dir>/sandboxes/.state`` (``crun --root``),
+which is how a restarted node finds the sandboxes it left running (``start``).
+``destroy`` kills the container, deletes it (its cgroups go with it), and unmounts and
+removes the rest, its id range last; every step is safe to repeat, so a half-made or
+half-destroyed sandbox is finished off by the next. All sandboxes sit under one parent
+cgroup whose memory limit (``memory_limit_mb``) bounds them together, so many that each
+keep within their own limit can never exhaust the host.
 """
 
 from __future__ import annotations
@@ -18,6 +32,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -36,7 +51,10 @@ from runtimes.sandboxes.base import (
     Usage,
 )
 from runtimes.sandboxes.crun import bundle, freezer, mounts, spawn
+from runtimes.sandboxes.crun.lxcfs import Lxcfs
 from runtimes.sandboxes.crun.process import Child, CrunProcess
+from runtimes.sandboxes.crun.uidranges import IdRange, UidRanges
+from runtimes.sandboxes.crun.userns import UserNamespaces
 from runtimes.sandboxes.inotify import InotifyWatch
 from runtimes.sandboxes.network import Attachment, Network
 from runtimes.sandboxes.rooted import Account, RootedFS
@@ -51,6 +69,8 @@ CGROUP_V1 = Path("/sys/fs/cgroup")
 PID_FILE_WAIT_S = 5.0
 #: a sandbox's place on the node's sandbox network (``runtimes.sandboxes.network``)
 NETWORK_FILE = "network.json"
+#: the node's copy of ``corral-init`` that sandboxes bind-mount (a tmpfs of its own)
+INIT_DIR = ".init"
 
 
 class RuntimeCommandError(SandboxError):
@@ -68,13 +88,29 @@ class CrunBackend(SandboxBackend):
         init_binary: Path | None = None,
         cgroup_root: Path = CGROUP_V1,
         network: Network | None = None,
+        uid_ranges: UidRanges | None = None,
+        user_namespaces: bool = True,
+        lxcfs: Lxcfs | None = None,
+        memory_limit_mb: int | None = None,
+        cgroup_parent: str = CGROUP_PARENT,
     ) -> None:
+        """``uid_ranges``: where sandboxes' host id ranges come from (the host-wide
+        registry by default); ``user_namespaces=False`` runs sandboxes without one, root
+        inside then being host root (only for kernels without idmapped mounts);
+        ``lxcfs``: the sandboxes' own /proc figures (the host's LXCFS by default);
+        ``memory_limit_mb``: the memory of all sandboxes together (None: unbounded), on
+        their parent cgroup ``cgroup_parent``."""
         self.root = (data_dir / "sandboxes").resolve()
         self.state_dir = self.root / ".state"
         self.runtime = runtime
         self.init_binary = init_binary or DEFAULT_INIT
         self.cgroup_root = cgroup_root
         self.network = network
+        self.ranges = (uid_ranges or UidRanges()) if user_namespaces else None
+        self._namespaces = UserNamespaces()
+        self.lxcfs = lxcfs or Lxcfs()
+        self.memory_limit_mb = memory_limit_mb
+        self.cgroup_parent = cgroup_parent
         self._binary: str | None = None
         self._processes: dict[str, set[CrunProcess]] = {}
         self._meta: dict[str, dict[str, Any]] = {}
@@ -90,6 +126,11 @@ class CrunBackend(SandboxBackend):
                 f"{self.init_binary} is missing: run scripts/setup-sandboxes.sh"
             )
         self._binary = self._usable_runtime()
+        await asyncio.to_thread(self._install_init)
+        await asyncio.to_thread(self._bound_all)
+        await self.lxcfs.ensure()
+        if self.ranges is not None:
+            await asyncio.to_thread(self.ranges.reclaim)
         aliases = {
             os.readlink(link): link.name for link in self.root.iterdir() if link.is_symlink()
         }
@@ -119,6 +160,38 @@ class CrunBackend(SandboxBackend):
         self.runtime = "runc"
         return fallback
 
+    def _install_init(self) -> None:
+        """The node's copy of ``corral-init``, alone on a small read-only tmpfs: what a
+        sandbox bind-mounts as its PID 1 (its mountinfo then names no host path). A
+        previous copy is detached first; sandboxes still running keep theirs."""
+        directory = self.root / INIT_DIR
+        mounts.unmount(directory)
+        directory.mkdir(mode=0o755, exist_ok=True)
+        flags = mounts.MS_NOSUID | mounts.MS_NODEV
+        mounts.mount("corral-init", directory, "tmpfs", "size=8m,mode=0755", flags)
+        shutil.copyfile(self.init_binary, directory / "corral-init")
+        os.chmod(directory / "corral-init", 0o555)
+        mounts.mount(
+            "corral-init", directory, "tmpfs", "", flags | mounts.MS_REMOUNT | mounts.MS_RDONLY
+        )
+
+    def _bound_all(self) -> None:
+        """The memory limit of all sandboxes together, on their parent cgroup."""
+        if self.memory_limit_mb is None or not (self.cgroup_root / "memory").is_dir():
+            return
+        group = self.cgroup_root / "memory" / self.cgroup_parent
+        group.mkdir(exist_ok=True)
+        limit = str(self.memory_limit_mb << 20)
+        names = ["memory.limit_in_bytes", "memory.memsw.limit_in_bytes"]
+        if (group / "memory.memsw.limit_in_bytes").exists():
+            current = int((group / "memory.memsw.limit_in_bytes").read_text())
+            if int(limit) > current:
+                names.reverse()  # memory+swap must stay at or above memory
+        for name in names:
+            if (group / name).exists():
+                (group / name).write_text(limit)
+        log.info("all sandboxes together are limited to %d MiB", self.memory_limit_mb)
+
     async def close(self) -> None:
         for processes in self._processes.values():
             for process in list(processes):
@@ -126,6 +199,8 @@ class CrunBackend(SandboxBackend):
         self._processes.clear()
         if self.network is not None:
             await self.network.close()
+        self._namespaces.close()
+        await asyncio.to_thread(mounts.unmount, self.root / INIT_DIR)
 
     # --- lifecycle ----------------------------------------------------------------------
     def _cid(self, sandbox_id: str) -> str:
@@ -146,7 +221,9 @@ class CrunBackend(SandboxBackend):
         started = time.monotonic()
         directory = self._dir(spec.sandbox_id)
         try:
-            await asyncio.to_thread(self._prepare, spec, image, directory)
+            ids = await asyncio.to_thread(self._make_dir, directory)
+            userns = None if ids is None else await self._namespaces.get(ids.mapping())
+            await asyncio.to_thread(self._prepare, spec, image, directory, ids, userns)
             prepared = time.monotonic()
             with spawn.listener(directory / spawn.SOCKET_NAME) as listening:
                 await self._runtime(
@@ -168,11 +245,26 @@ class CrunBackend(SandboxBackend):
         done = time.monotonic()
         return Phases(setup_ms=(prepared - started) * 1000, start_ms=(done - prepared) * 1000)
 
-    def _prepare(self, spec: SandboxSpec, image: RootImage, directory: Path) -> None:
+    def _make_dir(self, directory: Path) -> IdRange | None:
+        """The sandbox's directory, and the id range it now holds (None: no user
+        namespace on this node)."""
         directory.mkdir(mode=0o700)
-        layer, rootfs = directory / "layer", directory / "rootfs"
+        return None if self.ranges is None else self.ranges.allocate(directory)
+
+    def _prepare(
+        self,
+        spec: SandboxSpec,
+        image: RootImage,
+        directory: Path,
+        ids: IdRange | None,
+        userns: int | None,
+    ) -> None:
+        layer = directory / "layer"
+        rootfs = (
+            directory / "rootfs" if ids is None or self.ranges is None else self.ranges.rootfs(ids)
+        )
         layer.mkdir()
-        rootfs.mkdir()
+        rootfs.mkdir(exist_ok=True)
         mounts.mount(
             "corral-layer",
             layer,
@@ -183,15 +275,42 @@ class CrunBackend(SandboxBackend):
         (layer / "upper").mkdir()
         (layer / "work").mkdir()
         os.chmod(layer / "upper", 0o755)
-        lower = ":".join(str(p) for p in (*image.layers, image.rootfs))
-        options = f"lowerdir={lower},upperdir={layer / 'upper'},workdir={layer / 'work'}"
-        mounts.mount("corral-rootfs", rootfs, "overlay", options)
+        if ids is not None:
+            os.chown(layer / "upper", ids.first, ids.first)  # the root dir: root's inside
+        held: list[int] = []
+        try:
+            lowers = (*image.layers, image.rootfs)
+            if userns is None:
+                held += [os.open(p, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for p in lowers]
+            else:
+                held += [mounts.idmapped_tree(p, userns) for p in lowers]
+            upper, work = (
+                os.open(layer / name, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+                for name in ("upper", "work")
+            )
+            held += [upper, work]
+            lower = ":".join(mounts.fd_path(fd) for fd in held[: len(lowers)])
+            options = (
+                f"lowerdir={lower},upperdir={mounts.fd_path(upper)},workdir={mounts.fd_path(work)}"
+            )
+            mounts.mount("corral-rootfs", rootfs, "overlay", options)
+        finally:
+            for fd in held:
+                os.close(fd)
         config = bundle.config(
-            spec, rootfs=rootfs, init_binary=self.init_binary, cgroup_parent=CGROUP_PARENT
+            spec,
+            rootfs=rootfs,
+            init_binary=self.root / INIT_DIR / "corral-init",
+            cgroup_parent=self.cgroup_parent,
+            ids=ids,
+            views=self.lxcfs.views(),
         )
-        (directory / "config.json").write_text(json.dumps(config))
-        meta = {"digest": image.digest, "env": {**dict(image.env), **spec.env}}
-        (directory / "sandbox.json").write_text(json.dumps(meta))
+        _write_private(directory / "config.json", json.dumps(config))
+        meta: dict[str, Any] = {"digest": image.digest, "env": {**dict(image.env), **spec.env}}
+        if ids is not None:
+            meta["ids"] = {"slot": ids.slot, "first": ids.first, "size": ids.size}
+        meta["rootfs"] = str(rootfs)
+        _write_private(directory / "sandbox.json", json.dumps(meta))
 
     async def claim(self, warm_id: str, spec: SandboxSpec) -> None:
         directory = self.root / warm_id
@@ -219,7 +338,9 @@ class CrunBackend(SandboxBackend):
         try:
             (directory / NETWORK_FILE).write_text(attachment.to_json())
             if attachment.hosts:
-                await asyncio.to_thread(_add_hosts, directory / "rootfs", attachment.hosts)
+                await asyncio.to_thread(
+                    _add_hosts, await self._fs(spec.sandbox_id), attachment.hosts
+                )
         except BaseException:
             await asyncio.shield(self.network.detach(attachment))
             raise
@@ -227,7 +348,7 @@ class CrunBackend(SandboxBackend):
     def _thaw(self, cid: str) -> None:
         """Thaw through the v1 freezer directly (what ``crun resume`` writes, without a
         process start on the claim's path); the runtime's command elsewhere."""
-        state = self.cgroup_root / "freezer" / CGROUP_PARENT / cid / "freezer.state"
+        state = self.cgroup_root / "freezer" / self.cgroup_parent / cid / "freezer.state"
         if not state.exists():
             raise SandboxNotRunning(f"warm sandbox {cid} has no freezer group")
         state.write_text("THAWED")
@@ -235,7 +356,7 @@ class CrunBackend(SandboxBackend):
     def _reshape(self, cid: str, directory: Path, spec: SandboxSpec) -> None:
         """The warm sandbox's limits, disk size and env become the spec's."""
         memory = spec.memory_mb << 20
-        group = self.cgroup_root / "memory" / CGROUP_PARENT / cid
+        group = self.cgroup_root / "memory" / self.cgroup_parent / cid
         current = int((group / "memory.limit_in_bytes").read_text())
         order = ["memory.memsw.limit_in_bytes", "memory.limit_in_bytes"]
         if memory < current:
@@ -243,9 +364,9 @@ class CrunBackend(SandboxBackend):
         for name in order:
             if (group / name).exists():
                 (group / name).write_text(str(memory))
-        pids = self.cgroup_root / "pids" / CGROUP_PARENT / cid / "pids.max"
+        pids = self.cgroup_root / "pids" / self.cgroup_parent / cid / "pids.max"
         pids.write_text(str(spec.pids))
-        quota = self.cgroup_root / "cpu" / CGROUP_PARENT / cid / "cpu.cfs_quota_us"
+        quota = self.cgroup_root / "cpu" / self.cgroup_parent / cid / "cpu.cfs_quota_us"
         if quota.exists():
             quota.write_text(str(int(spec.cpu * bundle.PERIOD_US)))
         mounts.mount(
@@ -257,7 +378,7 @@ class CrunBackend(SandboxBackend):
         )
         meta = json.loads((directory / "sandbox.json").read_text())
         meta["env"] = {**meta.get("env", {}), **spec.env}
-        (directory / "sandbox.json").write_text(json.dumps(meta))
+        _write_private(directory / "sandbox.json", json.dumps(meta))
 
     async def destroy(self, sandbox_id: str) -> None:
         cid = self._cid(sandbox_id)
@@ -291,9 +412,34 @@ class CrunBackend(SandboxBackend):
         return {str(entry["id"]) for entry in listed or []}
 
     def _release(self, directory: Path) -> None:
-        for mount_point in (directory / "rootfs", directory / "layer"):
+        ids = self._ids_of(directory)
+        rootfs = directory / "rootfs"
+        if ids is not None and self.ranges is not None:
+            rootfs = self.ranges.rootfs(ids)
+        for mount_point in (rootfs, directory / "layer"):
             mounts.unmount(mount_point)
+        if ids is not None and self.ranges is not None:
+            self.ranges.release(directory, ids.slot)
         shutil.rmtree(directory, ignore_errors=True)
+
+    def rootfs(self, sandbox_id: str) -> Path:
+        """Where the host sees the sandbox's root file system."""
+        directory = self._dir(sandbox_id)
+        ids = self._ids_of(directory)
+        if ids is not None and self.ranges is not None:
+            return self.ranges.rootfs(ids)
+        return directory / "rootfs"
+
+    def _ids_of(self, directory: Path) -> IdRange | None:
+        """The id range the sandbox in ``directory`` holds (its record, else the
+        registry: a create that failed before writing its record)."""
+        if self.ranges is None:
+            return None
+        try:
+            ids = json.loads((directory / "sandbox.json").read_text()).get("ids")
+        except (OSError, ValueError):
+            return self.ranges.held(directory)
+        return None if ids is None else self.ranges.range(int(ids["slot"]))
 
     async def pause(self, sandbox_id: str) -> None:
         await self._require(sandbox_id)
@@ -348,7 +494,7 @@ class CrunBackend(SandboxBackend):
         meta = self._meta.get(sandbox_id)
         if meta is None:
             meta = self._meta[sandbox_id] = json.loads((directory / "sandbox.json").read_text())
-        fs = RootedFS(directory / "rootfs")
+        fs = RootedFS(Path(meta["rootfs"]) if "rootfs" in meta else directory / "rootfs")
         try:
             passwd = fs.stat("/etc/passwd")
             version: tuple[float, int] = (passwd.modified_at, passwd.size)
@@ -448,7 +594,8 @@ class CrunBackend(SandboxBackend):
         directory = self._dir(sandbox_id)
         if not (directory / "config.json").exists():
             raise SandboxNotFound(f"no sandbox {sandbox_id}")
-        return RootedFS(directory / "rootfs")
+        ids = self._ids_of(directory)
+        return RootedFS(self.rootfs(sandbox_id), id_offset=0 if ids is None else ids.first)
 
     async def watch_dir(self, sandbox_id: str, path: str) -> DirWatch:
         fs = await self._fs(sandbox_id)
@@ -522,26 +669,35 @@ class CrunBackend(SandboxBackend):
             raise SandboxNotFound(f"no sandbox {sandbox_id}")
         target = self._snapshot_dir(snapshot_id)
         staging = target.with_name(target.name + ".partial")
+        ids = await asyncio.to_thread(self._ids_of, directory)
+        # the copy keeps the ids files have inside (a layer serves any later range)
+        reverse = None if ids is None else await self._namespaces.get(ids.reverse())
         frozen = (self._cgroup("freezer", sandbox_id) / "freezer.state").read_text().strip()
         if frozen == "THAWED":
             await self._freeze(sandbox_id)
+        source = None
         try:
             await asyncio.to_thread(staging.parent.mkdir, parents=True, exist_ok=True)
+            if reverse is not None:
+                source = await asyncio.to_thread(mounts.idmapped_tree, upper, reverse)
             # cp -a keeps overlayfs's whiteouts (0/0 devices) and opaque-dir xattrs
             proc = await asyncio.create_subprocess_exec(
                 "cp",
                 "-a",
                 "--reflink=auto",
-                str(upper),
+                str(upper) if source is None else mounts.fd_path(source) + "/",
                 str(staging),
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.PIPE,
+                pass_fds=() if source is None else (source,),
             )
             _, err = await communicate(proc)
             if proc.returncode != 0:
                 await asyncio.to_thread(shutil.rmtree, staging, True)
                 raise SandboxError(f"snapshot of {sandbox_id} failed: {err.decode()[:200]}")
         finally:
+            if source is not None:
+                os.close(source)
             if frozen == "THAWED":
                 await self._runtime("resume", self._cid(sandbox_id))
         await asyncio.to_thread(staging.rename, target)
@@ -560,7 +716,7 @@ class CrunBackend(SandboxBackend):
 
     # --- the runtime's command line -------------------------------------------------------
     def _cgroup(self, controller: str, sandbox_id: str) -> Path:
-        return self.cgroup_root / controller / CGROUP_PARENT / self._cid(sandbox_id)
+        return self.cgroup_root / controller / self.cgroup_parent / self._cid(sandbox_id)
 
     def _bin(self) -> str:
         if self._binary is None:
@@ -615,10 +771,9 @@ def _attachment(directory: Path) -> Attachment | None:
         return None
 
 
-def _add_hosts(rootfs: Path, hosts: dict[str, list[str]]) -> None:
+def _add_hosts(fs: RootedFS, hosts: dict[str, list[str]]) -> None:
     """The allow list's host names, as the node resolved them, in the sandbox's
     /etc/hosts (its programs connect to the addresses the rules allow)."""
-    fs = RootedFS(rootfs)
     try:
         current = fs.read("/etc/hosts", max_bytes=1 << 20)
     except SandboxError:
@@ -628,13 +783,22 @@ def _add_hosts(rootfs: Path, hosts: dict[str, list[str]]) -> None:
     fs.write("/etc/hosts", data, owner=Account(name="root", uid=0, gid=0, home="/root"))
 
 
+def _write_private(path: Path, text: str) -> None:
+    """A file of the node's, readable by host root only (env values are secrets)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
 def _tree_size(root: Path) -> int:
+    """The disk a tree takes: its files' allocated blocks (a sparse file counts what it
+    stores, not its length)."""
     total = 0
     for path in root.rglob("*"):
         with contextlib.suppress(OSError):
             info = path.lstat()
-            if not path.is_dir():
-                total += info.st_size
+            if not stat.S_ISDIR(info.st_mode):
+                total += info.st_blocks * 512
     return total
 
 

@@ -1,21 +1,26 @@
 """A sandbox's OCI bundle: ``config.json`` for crun (or runc) and the exec process spec.
 
-Namespaces: pid, mount, ipc, uts, cgroup and network (only its own loopback, unless the
-spec's allow list has the backend attach it: ``runtimes.sandboxes.network``). No user
-namespace yet: a command run as root inside is host root with the capability set below
-only, ``no_new_privs`` and the seccomp allow-list (``runtimes.sandboxes.crun.seccomp``);
-commands run as the image's unprivileged user unless asked otherwise. PID 1 is
-``corral-init`` (bind-mounted read-only from the node), run as root: nothing inside can
-kill it, it reaps orphans, and it starts the node's commands (``crun.spawn``).
+Namespaces: user, pid, mount, ipc, uts, cgroup and network (only its own loopback, unless
+the spec's allow list has the backend attach it: ``runtimes.sandboxes.network``). The user
+namespace maps the sandbox's ids 0-65535 to a host range no other sandbox holds
+(``crun.uidranges``): root inside is an unprivileged host uid whose capability set below
+reaches only the sandbox's own namespaces and files, under ``no_new_privs`` and the
+seccomp allow-list (``runtimes.sandboxes.crun.seccomp``); commands run as the image's
+unprivileged user unless asked otherwise. PID 1 is ``corral-init`` (bind-mounted
+read-only from the node's own small tmpfs, so no host path shows in the sandbox's
+mountinfo), run as root: nothing inside can kill it, write its memory or change its
+limits, it reaps orphans, and it starts the node's commands (``crun.spawn``). Host-wide
+figures are masked or replaced by the sandbox's own (``crun.lxcfs``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from runtimes.sandboxes.crun.seccomp import profile
+from runtimes.sandboxes.crun.uidranges import IdRange
 from wire.sandboxes import SandboxSpec
 
 INIT_PATH = "/.corral/init"
@@ -36,18 +41,32 @@ ROOT_CAPABILITIES = [
     "CAP_SETFCAP",
 ]
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: read as empty inside (files) or as an empty directory: kernel memory and state of the
+#: whole host (physical page maps, slab caches, timers, keys), its boot command line and
+#: identifiers (boot id, firmware and DMI tables)
 MASKED_PATHS = [
     "/proc/acpi",
     "/proc/asound",
+    "/proc/cmdline",
     "/proc/kcore",
     "/proc/keys",
+    "/proc/key-users",
+    "/proc/kpagecgroup",
+    "/proc/kpagecount",
+    "/proc/kpageflags",
     "/proc/latency_stats",
-    "/proc/timer_list",
-    "/proc/timer_stats",
+    "/proc/pagetypeinfo",
     "/proc/sched_debug",
     "/proc/scsi",
-    "/sys/firmware",
+    "/proc/slabinfo",
+    "/proc/sys/kernel/random/boot_id",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/vmallocinfo",
+    "/proc/zoneinfo",
+    "/sys/devices/virtual/dmi",
     "/sys/devices/virtual/powercap",
+    "/sys/firmware",
 ]
 READONLY_PATHS = [
     "/proc/bus",
@@ -95,9 +114,24 @@ def process(
 
 
 def config(
-    spec: SandboxSpec, *, rootfs: Path, init_binary: Path, cgroup_parent: str
+    spec: SandboxSpec,
+    *,
+    rootfs: Path,
+    init_binary: Path,
+    cgroup_parent: str,
+    ids: IdRange | None,
+    views: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
+    """The sandbox's ``config.json``; ``ids`` its user namespace's host range (None: none,
+    for tests of the walls that stand without one), ``views`` bind mounts of the
+    sandbox's own figures over the host's (``crun.lxcfs``)."""
     memory = spec.memory_mb << 20
+    namespaces = ["pid", "network", "ipc", "uts", "mount", "cgroup"]
+    users: dict[str, Any] = {}
+    if ids is not None:
+        namespaces.insert(0, "user")
+        mapping = [{"containerID": 0, "hostID": ids.first, "size": ids.size}]
+        users = {"uidMappings": mapping, "gidMappings": mapping}
     # root, with the capability set below: it starts commands as any user (a non-root
     # uid keeps no capability once set); nothing inside can signal or kill it
     init = process([INIT_PATH], uid=0, gid=0, cwd="/", env={"PATH": DEFAULT_PATH})
@@ -150,11 +184,11 @@ def config(
                 "source": str(init_binary),
                 "options": ["bind", "ro", "nosuid", "nodev"],
             },
+            *views,
         ],
         "linux": {
-            "namespaces": [
-                {"type": kind} for kind in ("pid", "network", "ipc", "uts", "mount", "cgroup")
-            ],
+            "namespaces": [{"type": kind} for kind in namespaces],
+            **users,
             "cgroupsPath": f"/{cgroup_parent}/{spec.sandbox_id}",
             "resources": {
                 "devices": [{"allow": False, "access": "rwm"}],

@@ -7,7 +7,11 @@ set: ``apt-get`` drops to ``_apt``, ``su`` and ``sudo`` switch users). Refused, 
 ``EPERM``: anything else, among it ``mount``, ``unshare``, ``setns``, ``bpf``,
 ``ptrace`` of other users' processes, keyrings and ``io_uring``; ``clone`` with a
 ``CLONE_NEW*`` flag (a nested user namespace would hand the code capabilities over new
-namespaces and a kernel surface the container's own do not expose); sockets of any
+namespaces and a kernel surface the container's own do not expose); ``prlimit64``,
+``setpriority`` and the ``sched_set*`` calls aimed at any process but the caller (root
+inside shares PID 1's ids, so the kernel alone would let it lower ``corral-init``'s
+open-file limit and wedge every later command, as the jails' filter already refuses);
+sockets of any
 family but unix, inet and inet6 (no vsock to the hypervisor, no netlink). ``clone3``
 answers ``ENOSYS`` (its flags are out of seccomp's reach; libc falls back to
 ``clone``). Only the native x86-64 ABI is listed: x32 and i386 numbers are refused by
@@ -42,8 +46,12 @@ ADMINISTRATION = (
     "personality",
     "fchmodat2",
 )
+#: allowed only on the calling process (its pid argument, at this index, is 0)
+SELF_ONLY = jail_seccomp.SELF_ONLY
+_ARGUMENT_INDEX = {"pid": 0, "who": 1}
 #: decided by argument below, so never allowed by name alone
-BY_ARGUMENT = ("socket", "socketpair", "clone", "clone3")
+BY_ARGUMENT = ("socket", "socketpair", "clone", "clone3", *SELF_ONLY)
+PRIO_PROCESS = 0
 
 
 def allowed() -> list[str]:
@@ -72,6 +80,12 @@ def profile() -> dict[str, Any]:
             ],
         }
     )
+    for call, argument in SELF_ONLY.items():
+        index = _ARGUMENT_INDEX[argument]
+        args = [{"index": index, "value": 0, "op": "SCMP_CMP_EQ"}]
+        if call == "setpriority":  # and of this process, not its group or its user's
+            args.append({"index": 0, "value": PRIO_PROCESS, "op": "SCMP_CMP_EQ"})
+        rules.append({"names": [call], "action": "SCMP_ACT_ALLOW", "args": args})
     rules.append({"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": ENOSYS})
     return {
         "defaultAction": "SCMP_ACT_ERRNO",

@@ -14,7 +14,12 @@ import pytest_asyncio
 
 from runtimes.sandboxes.base import RootImage
 from runtimes.sandboxes.crun.backend import CGROUP_PARENT, CrunBackend
+from runtimes.sandboxes.crun.uidranges import DEFAULT_REGISTRY
+from runtimes.sandboxes.service import image_store_resolver
+from tests.requirements import missing
 from wire.sandboxes import SandboxSpec
+
+PROJECT_IMAGES = Path(__file__).resolve().parents[3] / "var" / "images"
 
 BUSYBOX_APPLETS = [
     *("sh", "ls", "cat", "echo", "id", "ps", "kill", "sleep", "yes", "head", "tail", "wc"),
@@ -48,6 +53,14 @@ def busybox_image(tmp_path_factory: pytest.TempPathFactory) -> RootImage:
     return RootImage(digest="sha256:" + "b" * 64, rootfs=root)
 
 
+@pytest.fixture(scope="session")
+def python_image() -> RootImage:
+    """The project's default ``python`` image (Debian: python3, util-linux, coreutils)."""
+    if not (PROJECT_IMAGES / "names" / "python").exists():
+        missing("the python image is not built (scripts/setup-images.sh)")
+    return image_store_resolver(PROJECT_IMAGES)("python")
+
+
 def cgroup_file(controller: str, sandbox_id: str, name: str) -> str:
     """A file of a sandbox's cgroup, read by the host."""
     return (Path("/sys/fs/cgroup") / controller / CGROUP_PARENT / sandbox_id / name).read_text()
@@ -70,14 +83,26 @@ def leftovers(data_dir: Path, sandbox_id: str) -> list[str]:
     """What of a sandbox is still on the host: mounts, cgroups, files."""
     found: list[str] = []
     with open("/proc/self/mountinfo") as f:
-        mine = str(data_dir / "sandboxes" / sandbox_id)
-        found += [line.split()[4] for line in f if line.split()[4].startswith(mine + "/")]
+        points = [line.split()[4] for line in f]
+    mine = str(data_dir / "sandboxes" / sandbox_id)
+    found += [point for point in points if point.startswith(mine + "/")]
+    # a root file system still mounted in an id range's directory nobody holds
+    for point in points:
+        slot, _, rest = point.removeprefix(f"{DEFAULT_REGISTRY}/").partition(".root/")
+        if rest and slot.isdigit() and not (DEFAULT_REGISTRY / slot).exists():
+            found.append(point)
     for controller in ("memory", "pids", "cpu", "freezer"):
         group = Path("/sys/fs/cgroup") / controller / CGROUP_PARENT / sandbox_id
         if group.exists():
             found.append(str(group))
     if (data_dir / "sandboxes" / sandbox_id).exists():
         found.append(str(data_dir / "sandboxes" / sandbox_id))
+    holder = str(data_dir.resolve() / "sandboxes" / sandbox_id)
+    if DEFAULT_REGISTRY.is_dir():
+        for slot in DEFAULT_REGISTRY.iterdir():
+            with contextlib.suppress(OSError):
+                if slot.name.isdigit() and slot.read_text() == holder:
+                    found.append(f"id range {slot.name}")
     return found
 
 
