@@ -19,14 +19,16 @@ ratio says what the platform adds. Prints one JSON document.
     .venv/bin/python bench/sandboxes.py --creates 40 --execs 200 --burst 200 --hold 2000
 
 With ``--compare REV`` it also starts this tree's server and the server of an earlier
-commit side by side and measures exec through the API and through the SDK on both, in
-alternating halves (``exec_compare``).
+commit side by side and measures exec through the API and through the SDK, and cold
+create-to-first-exec, on both, in alternating halves (``exec_compare``,
+``create_compare``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -59,6 +61,11 @@ def release(data_dir: Path) -> None:
         points = [line.split()[4] for line in f if str(data_dir) in line.split()[4]]
     for point in sorted(points, reverse=True):
         subprocess.run(["umount", "-l", point], check=False)
+    shutil.rmtree(data_dir / "sandboxes", ignore_errors=True)
+    with contextlib.suppress(ImportError, OSError):  # an earlier commit's tree has no ranges
+        from runtimes.sandboxes.crun.uidranges import UidRanges
+
+        UidRanges().reclaim()  # the id ranges its sandboxes held (their dirs are gone)
 
 
 class SandboxServer(Server):
@@ -239,6 +246,28 @@ async def exec_compare(sides: dict[str, tuple[str, str]], n: int) -> dict[str, A
             for kind in ("api", "sdk")
         }
         for side in sides
+    }
+
+
+async def create_compare(sides: dict[str, tuple[str, str]], n: int) -> dict[str, Any]:
+    """Cold create-to-first-exec on two servers (no warm pool), in four halves
+    after-before-before-after, as ``exec_compare``."""
+    apis = {side: Api(url, key) for side, (url, key) in sides.items()}
+    samples: dict[str, list[float]] = {side: [] for side in sides}
+    try:
+        for side in ("after", "before", "before", "after"):
+            for _ in range(n // 2):
+                t0 = time.perf_counter()
+                sandbox_id = await apis[side].create(memory_mb=256)
+                await apis[side].exec(sandbox_id, ["true"])
+                samples[side].append((time.perf_counter() - t0) * 1000)
+                await apis[side].destroy(sandbox_id)
+    finally:
+        for api in apis.values():
+            await api.http.aclose()
+    return {
+        side: latency_summary(values, wall_s=sum(values) / 1000, errors=0)
+        for side, values in samples.items()
     }
 
 
@@ -445,6 +474,8 @@ def main() -> None:
             }
             compared = asyncio.run(exec_compare(sides, args.execs))
             result["exec_compare"] = {"revision": args.compare, **compared}
+            created = asyncio.run(create_compare(sides, args.creates))
+            result["create_to_first_exec_cold_compare"] = {"revision": args.compare, **created}
         finally:
             for server in servers.values():
                 server.stop_and_release()
