@@ -39,6 +39,7 @@ from app.e2b.envd import INTERNAL_TAG, PROCESS_OUTPUT_BYTES
 from app.e2b.errors import Handler, NotSupported, guarded, interpreter_error
 from app.errors import BadRequest, CorralError, NotFound
 from app.sandboxes.nodes import NodeClient
+from wire.logsafe import loggable
 from wire.processes import ProcessInfo, StartProcess
 from wire.sandboxes import ExecEvent, ExecExit, ExecOutput, ExecRequest, ExecStarted
 
@@ -100,7 +101,10 @@ async def _start_worker(node: NodeClient, sandbox_id: str, context_id: str, cwd:
     if not isinstance(first, ExecStarted):
         raise CorralError("the interpreter's worker did not start")
     log.info(
-        "sandbox=%s: interpreter context %s started (pid %d)", sandbox_id, context_id, first.pid
+        "sandbox=%s: interpreter context %s started (pid %d)",
+        sandbox_id,
+        loggable(context_id),
+        first.pid,
     )
     return first.pid
 
@@ -124,7 +128,7 @@ async def _answers(events: AsyncIterator[ExecEvent], cell: str) -> AsyncIterator
         if not isinstance(event, ExecOutput):
             continue
         if event.stream == "stderr":
-            log.debug("interpreter worker: %s", event.data.rstrip())
+            log.debug("interpreter worker: %s", loggable(event.data.rstrip()))
             continue
         pending += event.data
         *lines, pending = pending.split("\n")
@@ -159,7 +163,7 @@ async def _interrupt(node: NodeClient, sandbox_id: str, pid: int, cell: str) -> 
         finally:
             await events.aclose()  # type: ignore[attr-defined]
     except (CorralError, StopAsyncIteration) as exc:
-        log.info("sandbox=%s: cell %s: nothing to interrupt (%s)", sandbox_id, cell, exc)
+        log.info("sandbox=%s: cell %s: nothing to interrupt (%s)", sandbox_id, cell, loggable(exc))
 
 
 async def execute(request: Request) -> Response:
@@ -236,7 +240,7 @@ async def _worker(request: Request) -> tuple[SandboxCaller, NodeClient, str, Pro
 async def remove_context(request: Request) -> Response:
     caller, node, context_id, worker = await _worker(request)
     await node.signal_process(caller.sandbox_id, worker.pid, signal.SIGKILL)
-    log.info("sandbox=%s: interpreter context %s removed", caller.sandbox_id, context_id)
+    log.info("sandbox=%s: interpreter context %s removed", caller.sandbox_id, loggable(context_id))
     return Response(status_code=204)
 
 
