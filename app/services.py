@@ -50,6 +50,7 @@ from app.quotas.admission import Admission
 from app.quotas.counters import MemoryCounters, QuotaCounters
 from app.quotas.readings import Readings
 from app.quotas.redis_counters import RedisCounters
+from app.sandboxes.admission import SandboxAdmission
 from app.sandboxes.service import Sandboxes
 from app.settings import Settings
 from runtimes.node.agent import NodeAgent
@@ -153,9 +154,10 @@ async def open_services(
         failpoints = Failpoints(settings.failpoints if settings.dev_mode else {})
         waiters = Waiters()
         stack.callback(waiters.close)
+        readings = Readings(sessions)
         admission = Admission(
             counters,
-            Readings(sessions),
+            readings,
             queue_seconds=settings.admission_queue_seconds,
             queue_depth=settings.admission_queue_depth,
         )
@@ -223,6 +225,7 @@ async def open_services(
             node_token=token.get_secret_value() if token is not None else None,
             images=images,
             rows=transactions,
+            admission=SandboxAdmission(counters, readings),
             meter_every_s=settings.sandbox_meter_seconds,
         )
         stack.push_async_callback(sandboxes.close)

@@ -9,6 +9,9 @@ sandbox named by ``E2b-Sandbox-Id`` must be one of that tenant's (else 404: anot
 tenant's sandbox is not told to exist). Revoking the key ends access to its sandboxes.
 There ``Authorization`` is ``Basic <user>:`` (the user a command or file operation acts
 as), never a credential.
+
+Every E2B call, control plane or in-sandbox, takes a token of the tenant's sandbox-calls
+bucket once it is authenticated (``app.sandboxes.admission``: 429 ``rate_limited``).
 """
 
 from __future__ import annotations
@@ -49,11 +52,14 @@ def api_key(request: Request) -> str | None:
 
 
 async def tenant(request: Request) -> tuple[Principal, str]:
-    """A control-plane caller: its principal and the key it presented."""
+    """A control-plane caller (charged one sandbox call): its principal and the key it
+    presented."""
     key = api_key(request)
     if key is None:
         raise Unauthenticated("an API key is required (X-API-Key)")
-    return await services(request).authenticator.tenant_for(key), key
+    principal = await services(request).authenticator.tenant_for(key)
+    await services(request).sandboxes.admission.call(principal)
+    return principal, key
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +73,8 @@ class SandboxCaller:
 
 
 async def sandbox_caller(request: Request) -> SandboxCaller:
-    """An in-sandbox caller and the (live or not) record of its sandbox."""
+    """An in-sandbox caller and the (live or not) record of its sandbox (charged one
+    sandbox call)."""
     sandbox_id = request.headers.get(SANDBOX_HEADER, "").strip()
     if not sandbox_id:
         raise NotFound("no E2b-Sandbox-Id header: which sandbox?")
@@ -83,6 +90,7 @@ async def sandbox_caller(request: Request) -> SandboxCaller:
     except InvalidApiKey as exc:
         raise InvalidApiKey("the access token is not valid") from exc
     row = await services(request).sandboxes.place(principal.tenant_id, sandbox_id)
+    await services(request).sandboxes.admission.call(principal)
     return SandboxCaller(principal, row)
 
 

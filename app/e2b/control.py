@@ -15,6 +15,9 @@ sandbox once it is killed: a stopped record answers 404 here (it stays in
 
 The create and connect answers hand out the caller's own key as ``envdAccessToken`` and
 ``trafficAccessToken`` (``app.e2b.auth``): the SDK sends them on every in-sandbox call.
+A create, and a connect (which resumes a paused sandbox), are refused once the tenant
+used its daily CPU (429 ``cpu_quota_exhausted``), as are commands (``app.e2b.envd``,
+``app.e2b.interpreter``).
 """
 
 from __future__ import annotations
@@ -275,7 +278,7 @@ def routes() -> list[Route]:
         row = await _live(request, principal, sandbox_id)
         if row.state == SandboxState.PAUSED.value:
             raise Conflict(f"sandbox {sandbox_id} is already paused")
-        await services(request).sandboxes.action(principal.tenant_id, sandbox_id, "pause")
+        await services(request).sandboxes.action(principal, sandbox_id, "pause")
         return Response(status_code=204)
 
     async def connect(request: Request) -> Response:
@@ -284,13 +287,12 @@ def routes() -> list[Route]:
         body = await _body(request)
         ttl_s = _timeout(body.get("timeout"), None)
         row = await _live(request, principal, sandbox_id)
+        await services(request).sandboxes.admission.cpu(principal)
         if ttl_s is not None:  # first: a refused extension leaves a paused sandbox paused
             row = await _extend(request, principal, sandbox_id, ttl_s)
         status = 200
         if row.state == SandboxState.PAUSED.value:
-            row = await services(request).sandboxes.action(
-                principal.tenant_id, sandbox_id, "resume"
-            )
+            row = await services(request).sandboxes.action(principal, sandbox_id, "resume")
             status = 201
         return JSONResponse(created(row, key), status_code=status)
 
@@ -301,9 +303,10 @@ def routes() -> list[Route]:
         row = await _live(request, principal, sandbox_id)
         if row.state != SandboxState.PAUSED.value:
             raise Conflict(f"sandbox {sandbox_id} is not paused")
+        await services(request).sandboxes.admission.cpu(principal)
         if ttl_s is not None:
             await _extend(request, principal, sandbox_id, ttl_s)
-        row = await services(request).sandboxes.action(principal.tenant_id, sandbox_id, "resume")
+        row = await services(request).sandboxes.action(principal, sandbox_id, "resume")
         return JSONResponse(created(row, key), status_code=201)
 
     async def metrics(request: Request) -> Response:

@@ -16,8 +16,9 @@ is authenticated (``app.e2b.auth``), routed to the node that holds the sandbox t
     POST /files?path=&username=             octet-stream or multipart upload -> [WriteInfo]
     GET /health                             204 running, 502 "... was not found" if not
 
-A command runs as ``/bin/bash -l -c CMD`` (what the SDK sends) and outlives the stream
-that started it; ``Connect-Timeout-Ms`` is its timeout, which kills its whole session, as
+A command runs as ``/bin/bash -l -c CMD`` (what the SDK sends), once the tenant's daily
+CPU budget allows (else ``resource_exhausted``: ``app.sandboxes.admission``), and outlives
+the stream that started it; ``Connect-Timeout-Ms`` is its timeout, which kills its whole session, as
 envd does. PTYs, ``Update`` and recursive watching are refused (``unimplemented``).
 """
 
@@ -227,6 +228,7 @@ def _keepalive_s(request: Request) -> float:
 async def process_start(request: Request) -> Response:
     try:
         caller, node = await _node(request)
+        await services(request).sandboxes.admission.cpu(caller.principal)
         message = await connect.first_request(request)
         if message.get("pty"):
             raise NotSupported("PTYs are not supported by Corral")

@@ -136,7 +136,7 @@ def connect_unary_error(exc: Exception) -> Response:
     error = as_corral(exc)
     _logged(error, "rpc")
     body = connect_error_body(error)
-    return JSONResponse(body, status_code=CONNECT_STATUS[body["code"]])
+    return JSONResponse(body, status_code=CONNECT_STATUS[body["code"]], headers=error.headers())
 
 
 def rest_error(exc: Exception) -> Response:
@@ -153,7 +153,7 @@ def rest_error(exc: Exception) -> Response:
 def interpreter_error(exc: Exception) -> Response:
     error = as_corral(exc)
     _logged(error, "interpreter")
-    return PlainTextResponse(error.message, status_code=error.status)
+    return PlainTextResponse(error.message, status_code=error.status, headers=error.headers())
 
 
 Handler = Callable[[Request], Awaitable[Response]]

@@ -12,7 +12,8 @@ If the client goes away before (its ``timeout`` ran out), the cell is interrupte
 (SIGINT: a ``KeyboardInterrupt`` in the cell; the context keeps its state); a cell that
 does not stop within ``INTERRUPT_GRACE_S`` has its worker killed, and the context
 starts again empty at its next use. A worker that dies mid-cell answers an error
-(``WorkerDied``). Python only.
+(``WorkerDied``). Python only. A cell, and a context's start, run only within the
+tenant's daily CPU budget (else 429 ``cpu_quota_exhausted``).
 """
 
 from __future__ import annotations
@@ -70,6 +71,13 @@ async def _json(request: Request) -> dict[str, Any]:
 async def _node(request: Request) -> tuple[SandboxCaller, NodeClient]:
     caller = await sandbox_caller(request)
     return caller, await services(request).sandboxes.node_of(caller.row)
+
+
+async def _node_to_run(request: Request) -> tuple[SandboxCaller, NodeClient]:
+    """As ``_node``, for a call that runs code: within the tenant's daily CPU budget."""
+    caller, node = await _node(request)
+    await services(request).sandboxes.admission.cpu(caller.principal)
+    return caller, node
 
 
 def _home(caller: SandboxCaller) -> str:
@@ -167,7 +175,7 @@ async def _interrupt(node: NodeClient, sandbox_id: str, pid: int, cell: str) -> 
 
 
 async def execute(request: Request) -> Response:
-    caller, node = await _node(request)
+    caller, node = await _node_to_run(request)
     body = await _json(request)
     code = body.get("code")
     if not isinstance(code, str):
@@ -210,7 +218,7 @@ async def execute(request: Request) -> Response:
 
 
 async def create_context(request: Request) -> Response:
-    caller, node = await _node(request)
+    caller, node = await _node_to_run(request)
     body = await _json(request)
     if body.get("language") not in LANGUAGES:
         raise NotSupported(f"language {body.get('language')!r} is not supported (python only)")
@@ -246,6 +254,7 @@ async def remove_context(request: Request) -> Response:
 
 async def restart_context(request: Request) -> Response:
     caller, node, context_id, worker = await _worker(request)
+    await services(request).sandboxes.admission.cpu(caller.principal)
     await node.signal_process(caller.sandbox_id, worker.pid, signal.SIGKILL)
     for _ in range(100):  # until the killed worker has left the table
         if context_id not in await _workers(node, caller.sandbox_id):
