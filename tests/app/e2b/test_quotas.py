@@ -8,9 +8,10 @@ import time
 
 import httpx
 import pytest
-from e2b import CommandExitException, RateLimitException, Sandbox
+from e2b import CommandExitException, RateLimitException, Sandbox, SandboxException
 
 from tests.app.e2b.conftest import Corral
+from tests.conftest import ADMIN
 
 
 def test_sandbox_calls_are_rate_limited_on_the_e2b_routes_too(fake_corral: Corral) -> None:
@@ -84,3 +85,18 @@ def test_a_create_past_the_tenants_sandbox_quota_is_refused(fake_corral: Corral)
         second.sandbox_id,
     }
     assert first.kill() and second.kill()
+
+
+def test_a_disabled_tenants_sandbox_tokens_stop_working(fake_corral: Corral) -> None:
+    sbx = Sandbox.create(template="python")
+    assert (sbx._envd_access_token or "").startswith("crl_sbt_")  # not the tenant's key
+    sbx.files.write("/home/user/a.txt", "a")
+    disabled = httpx.patch(
+        f"{fake_corral.url}/v1/tenants/{fake_corral.tenant_id}",
+        json={"disabled": True},
+        headers=ADMIN,
+    )
+    assert disabled.status_code == 200
+    with pytest.raises(SandboxException) as refused:
+        sbx.files.read("/home/user/a.txt")
+    assert "disabled" in str(refused.value)
