@@ -248,7 +248,8 @@ class CpuQuotaExhausted(QuotaExceeded):
 class StorageQuotaExhausted(QuotaExceeded):
     code, default_message = (
         "storage_quota_exhausted",
-        "the storage quota for large outputs is used up until some outlive their retention",
+        "the storage quota is used up until some large outputs outlive their retention or "
+        "snapshots are deleted",
     )
 
 
