@@ -16,7 +16,8 @@ never rename one) and an HTTP ``status``.
     │   ├── InvalidInputSchema       422 invalid_input_schema     (a function's schema)
     │   └── InvalidArtifact          422 invalid_artifact         (code or module)
     ├── LimitTooHigh                 422 limit_too_high
-    │   └── LifetimeTooLong          422 lifetime_too_long   (a sandbox's expiry)
+    │   ├── LifetimeTooLong          422 lifetime_too_long   (a sandbox's expiry)
+    │   └── SandboxTooLarge          422 sandbox_too_large   (a quota's or every node's)
     ├── PayloadTooLarge              413 payload_too_large
     ├── Unauthenticated              401 missing_api_key
     │   ├── InvalidApiKey            401 invalid_api_key
@@ -36,7 +37,9 @@ never rename one) and an HTTP ``status``.
     │   ├── RateLimited              429 rate_limited
     │   ├── ConcurrencyLimited       429 concurrency_limited
     │   ├── CpuQuotaExhausted        429 cpu_quota_exhausted
-    │   └── StorageQuotaExhausted    429 storage_quota_exhausted
+    │   ├── StorageQuotaExhausted    429 storage_quota_exhausted
+    │   ├── SandboxQuotaExhausted    429 sandbox_quota_exhausted  (live sandboxes' totals)
+    │   └── SnapshotQuotaExhausted   429 snapshot_quota_exhausted
     ├── Unavailable                  503 unavailable         (Retry-After)
     │   ├── NoCapacity               503 no_capacity
     │   ├── DatabaseUnavailable      503 database_unavailable
@@ -128,6 +131,16 @@ class LifetimeTooLong(LimitTooHigh):
 
     code = "lifetime_too_long"
     default_message = "the sandbox would outlive the tenant's max_sandbox_lifetime_seconds"
+
+
+class SandboxTooLarge(LimitTooHigh):
+    """A sandbox asks more memory, CPU or disk than one sandbox of the tenant may have
+    (``details.quota`` names the field: ``max_sandbox_memory_mb``, ...), or more than any
+    node gives its sandboxes (``details.quota`` is None, ``details.largest`` says what
+    the largest node could hold)."""
+
+    code = "sandbox_too_large"
+    default_message = "the sandbox asks more than one sandbox may have"
 
 
 class PayloadTooLarge(CorralError):
@@ -235,8 +248,24 @@ class CpuQuotaExhausted(QuotaExceeded):
 class StorageQuotaExhausted(QuotaExceeded):
     code, default_message = (
         "storage_quota_exhausted",
-        "the storage quota for large outputs is used up until some outlive their retention",
+        "the storage quota is used up until some large outputs outlive their retention or "
+        "snapshots are deleted",
     )
+
+
+class SandboxQuotaExhausted(QuotaExceeded):
+    """The tenant's live sandboxes hold what its quota allows of memory, CPU or disk
+    together (``details.quota`` names the field: ``max_sandboxes_memory_mb``, ...)."""
+
+    code = "sandbox_quota_exhausted"
+    default_message = "the tenant's live sandboxes hold what its quota allows"
+
+
+class SnapshotQuotaExhausted(QuotaExceeded):
+    """The tenant keeps ``max_snapshots`` snapshots: delete some first."""
+
+    code = "snapshot_quota_exhausted"
+    default_message = "the tenant keeps as many snapshots as its quota allows"
 
 
 class Unavailable(CorralError):

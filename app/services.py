@@ -30,6 +30,7 @@ from app.db.writer import BatchWriter
 from app.dispatch.inprocess import InProcessTransport
 from app.dispatch.redis import RedisGatewayTransport
 from app.dispatch.transport import GatewayTransport
+from app.e2b.tokens import SandboxTokens, load_secret
 from app.errors import Conflict
 from app.failpoints import Failpoints
 from app.functions.artifacts import ArtifactCache
@@ -50,6 +51,7 @@ from app.quotas.admission import Admission
 from app.quotas.counters import MemoryCounters, QuotaCounters
 from app.quotas.readings import Readings
 from app.quotas.redis_counters import RedisCounters
+from app.sandboxes.admission import SandboxAdmission
 from app.sandboxes.service import Sandboxes
 from app.settings import Settings
 from runtimes.node.agent import NodeAgent
@@ -83,6 +85,7 @@ class Services:
     sandboxes: Sandboxes
     images: ControlImages
     resolver: Resolver  #: function rows and versions by name and number
+    sandbox_tokens: SandboxTokens  #: E2B's sandbox access tokens
     redis: Redis | None = None
     node: NodeAgent | None = None
     #: Per-process caches of the tool-function path (with ``resolver``): artifacts by
@@ -153,9 +156,10 @@ async def open_services(
         failpoints = Failpoints(settings.failpoints if settings.dev_mode else {})
         waiters = Waiters()
         stack.callback(waiters.close)
+        readings = Readings(sessions)
         admission = Admission(
             counters,
-            Readings(sessions),
+            readings,
             queue_seconds=settings.admission_queue_seconds,
             queue_depth=settings.admission_queue_depth,
         )
@@ -223,6 +227,7 @@ async def open_services(
             node_token=token.get_secret_value() if token is not None else None,
             images=images,
             rows=transactions,
+            admission=SandboxAdmission(counters, readings),
             meter_every_s=settings.sandbox_meter_seconds,
         )
         stack.push_async_callback(sandboxes.close)
@@ -250,6 +255,7 @@ async def open_services(
             sandboxes=sandboxes,
             images=images,
             resolver=Resolver(sessions, ttl_s=settings.function_cache_seconds),
+            sandbox_tokens=_sandbox_tokens(settings),
             redis=redis,
         )
         stack.callback(services.validators.close)
@@ -277,6 +283,22 @@ async def open_services(
                 )
             )
         yield services
+
+
+def _sandbox_tokens(settings: Settings) -> SandboxTokens:
+    configured = settings.sandbox_token_secret
+    if configured is None and settings.redis_url and settings.node.node_token is not None:
+        # a cluster's gateway that reaches sandbox nodes (it holds their token)
+        log.warning(
+            "CORRAL_SANDBOX_TOKEN_SECRET is not set: sandbox access tokens are signed with "
+            "this gateway's own secret (%s), which other gateways reject unless they share "
+            "that data dir",
+            settings.data_dir / "sandbox-token-secret",
+        )
+    secret = load_secret(
+        configured.get_secret_value() if configured is not None else None, settings.data_dir
+    )
+    return SandboxTokens(secret)
 
 
 def _keep(

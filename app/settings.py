@@ -58,6 +58,13 @@ class Settings(DatabaseSettings):
         False, description="Allow a missing admin key and the fake runtime. Never in production."
     )
     admin_key: SecretStr | None = Field(None, description="Key for the /v1/tenants admin API.")
+    sandbox_token_secret: SecretStr | None = Field(
+        None,
+        description="Secret under which sandbox access tokens (E2B's envdAccessToken) are "
+        "signed: the same random string (32+ characters) on every gateway of a cluster. "
+        "Unset: one generated once into <data_dir>/sandbox-token-secret (mode 0600), "
+        "which serves gateways that share that directory (the embedded default).",
+    )
     redis_url: str | None = Field(
         None, description="When set: Redis Streams dispatch and Redis quota counters."
     )

@@ -82,6 +82,11 @@ def quota_tokens(tenant_id: str) -> str:
     return f"{PREFIX}:quota:{tenant_id}:tokens"
 
 
+def quota_sandbox_call_tokens(tenant_id: str) -> str:
+    """Hash ``{tokens, ts}``: the tenant's sandbox-calls-per-second token bucket."""
+    return f"{PREFIX}:quota:{tenant_id}:sandbox-call-tokens"
+
+
 def quota_slots(tenant_id: str) -> str:
     """Sorted set of concurrency leases, scored by their expiry time."""
     return f"{PREFIX}:quota:{tenant_id}:slots"

@@ -36,13 +36,16 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.db.models import Invocation, UsageEvent, UsageRollup
+from app.db.models import Invocation, Sandbox, UsageEvent, UsageRollup
 from app.db.prepared import Prepared
 from wire.messages import PoolUsage
 
 _EVENTS = cast(Table, UsageEvent.__table__)
 _ROLLUPS = cast(Table, UsageRollup.__table__)
 _INV = cast(Table, Invocation.__table__)
+_SANDBOXES = cast(Table, Sandbox.__table__)
+#: the states of a sandbox whose record may read CPU not metered yet
+_LIVE_SANDBOX_STATES = ("creating", "running", "paused")
 
 COSTS = ("queue_ms", "setup_ms", "exec_ms", "teardown_ms", "cpu_ms")
 COUNTS = ("bytes_in", "bytes_out", "retries")
@@ -237,9 +240,14 @@ def day_bounds(day: date) -> tuple[datetime, datetime]:
     return start, start + timedelta(days=1)
 
 
-async def cpu_seconds(session: AsyncSession, *, tenant_id: str, day: date) -> float:
+async def cpu_seconds(
+    session: AsyncSession, *, tenant_id: str, day: date, live_sandboxes: bool = False
+) -> float:
     """CPU-seconds a tenant used on a UTC day: rolled up, plus not rolled up yet, read in
-    one statement (one snapshot: an event rolled up between two reads would be missed)."""
+    one statement (one snapshot: an event rolled up between two reads would be missed).
+    With ``live_sandboxes`` (for today), plus the CPU its live sandboxes' records read that
+    no usage event holds yet (``app.sandboxes.metering`` moves it into one, with the
+    record's ``metered_cpu_ms``, in one transaction: the same statement sees either)."""
     start, end = day_bounds(day)
     rolled = select(_ROLLUPS.c.cpu_ms.label("cpu_ms")).where(
         _ROLLUPS.c.tenant_id == tenant_id, _ROLLUPS.c.hour >= start, _ROLLUPS.c.hour < end
@@ -250,6 +258,20 @@ async def cpu_seconds(session: AsyncSession, *, tenant_id: str, day: date) -> fl
         _EVENTS.c.occurred_at >= start,
         _EVENTS.c.occurred_at < end,
     )
-    both = union_all(rolled, pending).subquery()
+    parts = [rolled, pending]
+    if live_sandboxes:
+        parts.append(
+            select(
+                (
+                    func.coalesce(_SANDBOXES.c.cpu_ms, 0.0)
+                    - func.coalesce(_SANDBOXES.c.metered_cpu_ms, 0.0)
+                ).label("cpu_ms")
+            ).where(
+                _SANDBOXES.c.tenant_id == tenant_id,
+                _SANDBOXES.c.state.in_(_LIVE_SANDBOX_STATES),
+                _SANDBOXES.c.cpu_ms > func.coalesce(_SANDBOXES.c.metered_cpu_ms, 0.0),
+            )
+        )
+    both = union_all(*parts).subquery()
     total = await session.scalar(select(func.coalesce(func.sum(both.c.cpu_ms), 0.0)))
     return float(total or 0.0) / 1000.0

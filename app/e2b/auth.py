@@ -1,14 +1,20 @@
-"""Who an E2B request acts as: an E2B API key is a Corral tenant API key.
+"""Who an E2B request acts as.
 
-The control plane gets it as ``X-API-Key`` (or ``Authorization: Bearer``). In-sandbox
-calls (envd, the code interpreter) carry no API key: the SDKs send the tokens the
-create (or connect) answer handed out, ``X-Access-Token`` to envd and
-``E2B-Traffic-Access-Token`` to the interpreter's port. Corral hands out the caller's
-own key as both, so each in-sandbox call is authenticated as that key's tenant, and the
-sandbox named by ``E2b-Sandbox-Id`` must be one of that tenant's (else 404: another
-tenant's sandbox is not told to exist). Revoking the key ends access to its sandboxes.
-There ``Authorization`` is ``Basic <user>:`` (the user a command or file operation acts
-as), never a credential.
+The control plane gets a tenant's API key (an E2B API key is a Corral tenant API key) as
+``X-API-Key`` (or ``Authorization: Bearer``). In-sandbox calls (envd, ``/files``,
+``/health``, the code interpreter) carry the tokens the create, connect or get answer
+handed out: ``X-Access-Token`` to envd, ``E2B-Traffic-Access-Token`` to the
+interpreter's port. Those are sandbox access tokens (``app.e2b.tokens``): each reaches
+only the sandbox it names, which ``E2b-Sandbox-Id`` must name too, while that sandbox
+lives; it is never accepted on the control plane, ``/v1`` or another sandbox. A token
+of a tenant since disabled is refused. An in-sandbox call may instead carry the
+tenant's API key in one of those headers (or ``X-API-Key``): it reaches every sandbox
+of that tenant, as the key does anyway, and another tenant's sandbox answers 404 (it is
+not told to exist). There ``Authorization`` is ``Basic <user>:`` (the user a command or
+file operation acts as), never a credential.
+
+Every E2B call, control plane or in-sandbox, takes a token of the tenant's sandbox-calls
+bucket once it is authenticated (``app.sandboxes.admission``: 429 ``rate_limited``).
 """
 
 from __future__ import annotations
@@ -16,12 +22,14 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 
 from app.auth.principal import Principal
+from app.e2b import tokens
 from app.errors import InvalidApiKey, NotFound, Unauthenticated
 from app.sandboxes.place import SandboxPlace
 
@@ -48,12 +56,14 @@ def api_key(request: Request) -> str | None:
     return None
 
 
-async def tenant(request: Request) -> tuple[Principal, str]:
-    """A control-plane caller: its principal and the key it presented."""
+async def tenant(request: Request) -> Principal:
+    """A control-plane caller (charged one sandbox call)."""
     key = api_key(request)
     if key is None:
         raise Unauthenticated("an API key is required (X-API-Key)")
-    return await services(request).authenticator.tenant_for(key), key
+    principal = await services(request).authenticator.tenant_for(key)
+    await services(request).sandboxes.admission.call(principal)
+    return principal
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,23 +77,47 @@ class SandboxCaller:
 
 
 async def sandbox_caller(request: Request) -> SandboxCaller:
-    """An in-sandbox caller and the (live or not) record of its sandbox."""
+    """An in-sandbox caller and the (live or not) record of its sandbox (charged one
+    sandbox call)."""
     sandbox_id = request.headers.get(SANDBOX_HEADER, "").strip()
     if not sandbox_id:
         raise NotFound("no E2b-Sandbox-Id header: which sandbox?")
-    key = (
+    presented = (
         request.headers.get("x-access-token", "").strip()
         or request.headers.get("e2b-traffic-access-token", "").strip()
         or request.headers.get("x-api-key", "").strip()
     )
-    if not key:
+    if not presented:
         raise Unauthenticated("an access token is required (X-Access-Token)")
-    try:
-        principal = await services(request).authenticator.tenant_for(key)
-    except InvalidApiKey as exc:
-        raise InvalidApiKey("the access token is not valid") from exc
-    row = await services(request).sandboxes.place(principal.tenant_id, sandbox_id)
+    if tokens.is_token(presented):
+        principal, row = await _by_token(request, presented, sandbox_id)
+    else:
+        try:
+            principal = await services(request).authenticator.tenant_for(presented)
+        except InvalidApiKey as exc:
+            raise InvalidApiKey("the access token is not valid") from exc
+        row = await services(request).sandboxes.place(principal.tenant_id, sandbox_id)
+    await services(request).sandboxes.admission.call(principal)
     return SandboxCaller(principal, row)
+
+
+async def _by_token(
+    request: Request, presented: str, sandbox_id: str
+) -> tuple[Principal, SandboxPlace]:
+    """The tenant and record of the sandbox a sandbox access token reaches: the one
+    ``E2b-Sandbox-Id`` names, and only if the token was made for it and has not expired
+    (every refusal is the same 401: nothing is told of other sandboxes)."""
+    refused = InvalidApiKey("the access token is not valid for this sandbox")
+    claim = tokens.SandboxTokens.claim(presented)
+    if claim is None or claim.sandbox_id != sandbox_id:
+        raise refused
+    row = await services(request).sandboxes.place_of(sandbox_id)
+    if row is None:
+        raise refused
+    minted = services(request).sandbox_tokens
+    if not minted.valid(claim, tenant_id=row.tenant_id, now=time.time()):
+        raise refused
+    return await services(request).authenticator.tenant_principal(row.tenant_id), row
 
 
 def run_as(request: Request) -> str | None:

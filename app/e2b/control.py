@@ -13,8 +13,12 @@ on ``state`` and ``metadata`` in the database (``app.sandboxes.listing``) and pa
 sandbox once it is killed: a stopped record answers 404 here (it stays in
 ``/v1/sandboxes?state=stopped``).
 
-The create and connect answers hand out the caller's own key as ``envdAccessToken`` and
-``trafficAccessToken`` (``app.e2b.auth``): the SDK sends them on every in-sandbox call.
+The create, connect and get answers hand out a sandbox access token as
+``envdAccessToken`` (and ``trafficAccessToken``): one that reaches that sandbox's
+in-sandbox routes only (``app.e2b.tokens``), never the caller's key; the SDK sends it on
+every in-sandbox call. A create, and a connect (which resumes a paused sandbox), are
+refused once the tenant used its daily CPU (429 ``cpu_quota_exhausted``), as are
+commands (``app.e2b.envd``, ``app.e2b.interpreter``).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from app.e2b import connect
 from app.e2b.auth import services, tenant
 from app.e2b.errors import Handler, NotSupported, guarded, rest_error
 from app.errors import BadRequest, Conflict, NotFound, ValidationFailed
+from app.sandboxes import lifetime
 from app.sandboxes.listing import Filters
 from app.schemas.sandboxes import CreateSandbox
 from wire.sandboxes import NetworkPolicy, SandboxState
@@ -73,15 +78,28 @@ def _metadata(row: Sandbox) -> dict[str, str]:
     return {k: str(v) for k, v in (row.meta or {}).items() if not k.startswith("e2b.")}
 
 
-def created(row: Sandbox, key: str) -> dict[str, Any]:
+def access_token(request: Request, principal: Principal, row: Sandbox) -> str:
+    """The sandbox's access token, good until the end of its lifetime as the tenant's
+    quota sets it now (a sandbox cannot outlive that unless the quota is raised; a
+    connect then hands out a token that lasts)."""
+    created_at = row.created_at
+    if created_at.tzinfo is None:
+        created_at = created_at.replace(tzinfo=UTC)
+    ends = lifetime.deadline(created_at, principal.quota.max_sandbox_lifetime_seconds)
+    return services(request).sandbox_tokens.mint(
+        principal.tenant_id, row.id, expires_at=ends.timestamp()
+    )
+
+
+def created(row: Sandbox, token: str) -> dict[str, Any]:
     """E2B's ``Sandbox``: what a create or connect answers."""
     return {
         "templateID": _template(row),
         "sandboxID": row.id,
         "clientID": row.node_id or "corral",
         "envdVersion": ENVD_VERSION,
-        "envdAccessToken": key,
-        "trafficAccessToken": key,
+        "envdAccessToken": token,
+        "trafficAccessToken": token,
         "domain": None,
     }
 
@@ -201,7 +219,7 @@ def _network(internet: object, network: object) -> NetworkPolicy:
 
 def routes() -> list[Route]:
     async def create(request: Request) -> Response:
-        principal, key = await tenant(request)
+        principal = await tenant(request)
         body = await _body(request)
         for field in ("volumeMounts", "mcp"):
             if body.get(field):
@@ -218,18 +236,20 @@ def routes() -> list[Route]:
         )
         row = await services(request).sandboxes.create(principal, create)
         log.info("sandbox=%s tenant=%s: created for E2B", row.id, principal.tenant_id)
-        return JSONResponse(created(row, key), status_code=201)
+        return JSONResponse(created(row, access_token(request, principal, row)), status_code=201)
 
     async def get(request: Request) -> Response:
-        principal, key = await tenant(request)
+        principal = await tenant(request)
         sandbox_id = request.path_params["sandbox_id"]
         row = await services(request).sandboxes.refresh(principal.tenant_id, sandbox_id)
         if row.state == SandboxState.STOPPED.value:
             raise NotFound(f"sandbox {sandbox_id} not found")
-        return JSONResponse(listed(row) | {"envdAccessToken": key})
+        return JSONResponse(
+            listed(row) | {"envdAccessToken": access_token(request, principal, row)}
+        )
 
     async def listing(request: Request) -> Response:
-        principal, _ = await tenant(request)
+        principal = await tenant(request)
         params = request.query_params
         try:
             limit = min(max(int(params.get("limit", "100")), 1), 1000)
@@ -245,7 +265,7 @@ def routes() -> list[Route]:
         return JSONResponse([listed(row) for row in rows], headers=headers)
 
     async def kill(request: Request) -> Response:
-        principal, _ = await tenant(request)
+        principal = await tenant(request)
         sandbox_id = request.path_params["sandbox_id"]
         await _live(request, principal, sandbox_id)
         await services(request).sandboxes.destroy(principal.tenant_id, sandbox_id)
@@ -253,7 +273,7 @@ def routes() -> list[Route]:
         return Response(status_code=204)
 
     async def set_timeout(request: Request) -> Response:
-        principal, _ = await tenant(request)
+        principal = await tenant(request)
         sandbox_id = request.path_params["sandbox_id"]
         ttl_s = _timeout((await _body(request)).get("timeout"), None)
         if ttl_s is None:
@@ -263,51 +283,52 @@ def routes() -> list[Route]:
         return Response(status_code=204)
 
     async def refresh(request: Request) -> Response:
-        principal, _ = await tenant(request)
+        principal = await tenant(request)
         sandbox_id = request.path_params["sandbox_id"]
         ttl_s = _timeout((await _body(request)).get("duration"), 60.0) or 60.0
         await _extend(request, principal, sandbox_id, ttl_s)
         return Response(status_code=204)
 
     async def pause(request: Request) -> Response:
-        principal, _ = await tenant(request)
+        principal = await tenant(request)
         sandbox_id = request.path_params["sandbox_id"]
         row = await _live(request, principal, sandbox_id)
         if row.state == SandboxState.PAUSED.value:
             raise Conflict(f"sandbox {sandbox_id} is already paused")
-        await services(request).sandboxes.action(principal.tenant_id, sandbox_id, "pause")
+        await services(request).sandboxes.action(principal, sandbox_id, "pause")
         return Response(status_code=204)
 
     async def connect(request: Request) -> Response:
-        principal, key = await tenant(request)
+        principal = await tenant(request)
         sandbox_id = request.path_params["sandbox_id"]
         body = await _body(request)
         ttl_s = _timeout(body.get("timeout"), None)
         row = await _live(request, principal, sandbox_id)
+        await services(request).sandboxes.admission.cpu(principal)
         if ttl_s is not None:  # first: a refused extension leaves a paused sandbox paused
             row = await _extend(request, principal, sandbox_id, ttl_s)
         status = 200
         if row.state == SandboxState.PAUSED.value:
-            row = await services(request).sandboxes.action(
-                principal.tenant_id, sandbox_id, "resume"
-            )
+            row = await services(request).sandboxes.action(principal, sandbox_id, "resume")
             status = 201
-        return JSONResponse(created(row, key), status_code=status)
+        token = access_token(request, principal, row)
+        return JSONResponse(created(row, token), status_code=status)
 
     async def resume(request: Request) -> Response:
-        principal, key = await tenant(request)
+        principal = await tenant(request)
         sandbox_id = request.path_params["sandbox_id"]
         ttl_s = _timeout((await _body(request)).get("timeout"), None)
         row = await _live(request, principal, sandbox_id)
         if row.state != SandboxState.PAUSED.value:
             raise Conflict(f"sandbox {sandbox_id} is not paused")
+        await services(request).sandboxes.admission.cpu(principal)
         if ttl_s is not None:
             await _extend(request, principal, sandbox_id, ttl_s)
-        row = await services(request).sandboxes.action(principal.tenant_id, sandbox_id, "resume")
-        return JSONResponse(created(row, key), status_code=201)
+        row = await services(request).sandboxes.action(principal, sandbox_id, "resume")
+        return JSONResponse(created(row, access_token(request, principal, row)), status_code=201)
 
     async def metrics(request: Request) -> Response:
-        principal, _ = await tenant(request)
+        principal = await tenant(request)
         sandbox_id = request.path_params["sandbox_id"]
         row = await services(request).sandboxes.refresh(principal.tenant_id, sandbox_id)
         if row.state == SandboxState.STOPPED.value:

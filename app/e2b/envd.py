@@ -16,8 +16,9 @@ is authenticated (``app.e2b.auth``), routed to the node that holds the sandbox t
     POST /files?path=&username=             octet-stream or multipart upload -> [WriteInfo]
     GET /health                             204 running, 502 "... was not found" if not
 
-A command runs as ``/bin/bash -l -c CMD`` (what the SDK sends) and outlives the stream
-that started it; ``Connect-Timeout-Ms`` is its timeout, which kills its whole session, as
+A command runs as ``/bin/bash -l -c CMD`` (what the SDK sends), once the tenant's daily
+CPU budget allows (else ``resource_exhausted``: ``app.sandboxes.admission``), and outlives
+the stream that started it; ``Connect-Timeout-Ms`` is its timeout, which kills its whole session, as
 envd does. PTYs, ``Update`` and recursive watching are refused (``unimplemented``).
 """
 
@@ -50,6 +51,7 @@ from app.e2b.errors import (
 )
 from app.errors import BadRequest, InvalidPath, NotFound, PayloadTooLarge
 from app.sandboxes.nodes import NodeClient
+from wire.logsafe import loggable
 from wire.processes import ProcessInfo, StartProcess
 from wire.sandboxes import (
     ExecEvent,
@@ -226,6 +228,7 @@ def _keepalive_s(request: Request) -> float:
 async def process_start(request: Request) -> Response:
     try:
         caller, node = await _node(request)
+        await services(request).sandboxes.admission.cpu(caller.principal)
         message = await connect.first_request(request)
         if message.get("pty"):
             raise NotSupported("PTYs are not supported by Corral")
@@ -252,7 +255,7 @@ async def process_start(request: Request) -> Response:
         )
         if start.tag is not None and start.tag.startswith(INTERNAL_TAG):
             raise BadRequest(f"tags starting {INTERNAL_TAG!r} are Corral's own")
-        log.debug("sandbox=%s: e2b start %s", caller.sandbox_id, start.request.cmd[:3])
+        log.debug("sandbox=%s: e2b start %s", caller.sandbox_id, loggable(start.request.cmd[0]))
         events = node.start_process(caller.sandbox_id, start)
     except Exception as exc:
         return connect.stream_error(exc)

@@ -45,6 +45,7 @@ from app.errors import (
     Unsupported,
     ValidationFailed,
 )
+from wire.logsafe import loggable
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ def connect_code(exc: CorralError) -> str:
 
 def _logged(exc: CorralError, surface: str) -> None:
     if exc.status >= 500 and not isinstance(exc, (SandboxGone, NotSupported)):
-        log.warning("e2b %s: %s %s", surface, exc.code, exc.message)
+        log.warning("e2b %s: %s %s", surface, exc.code, loggable(exc.message))
 
 
 def connect_error_body(exc: CorralError) -> dict[str, str]:
@@ -135,7 +136,7 @@ def connect_unary_error(exc: Exception) -> Response:
     error = as_corral(exc)
     _logged(error, "rpc")
     body = connect_error_body(error)
-    return JSONResponse(body, status_code=CONNECT_STATUS[body["code"]])
+    return JSONResponse(body, status_code=CONNECT_STATUS[body["code"]], headers=error.headers())
 
 
 def rest_error(exc: Exception) -> Response:
@@ -152,7 +153,7 @@ def rest_error(exc: Exception) -> Response:
 def interpreter_error(exc: Exception) -> Response:
     error = as_corral(exc)
     _logged(error, "interpreter")
-    return PlainTextResponse(error.message, status_code=error.status)
+    return PlainTextResponse(error.message, status_code=error.status, headers=error.headers())
 
 
 Handler = Callable[[Request], Awaitable[Response]]

@@ -12,7 +12,8 @@ If the client goes away before (its ``timeout`` ran out), the cell is interrupte
 (SIGINT: a ``KeyboardInterrupt`` in the cell; the context keeps its state); a cell that
 does not stop within ``INTERRUPT_GRACE_S`` has its worker killed, and the context
 starts again empty at its next use. A worker that dies mid-cell answers an error
-(``WorkerDied``). Python only.
+(``WorkerDied``). Python only. A cell, and a context's start, run only within the
+tenant's daily CPU budget (else 429 ``cpu_quota_exhausted``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from app.e2b.envd import INTERNAL_TAG, PROCESS_OUTPUT_BYTES
 from app.e2b.errors import Handler, NotSupported, guarded, interpreter_error
 from app.errors import BadRequest, CorralError, NotFound
 from app.sandboxes.nodes import NodeClient
+from wire.logsafe import loggable
 from wire.processes import ProcessInfo, StartProcess
 from wire.sandboxes import ExecEvent, ExecExit, ExecOutput, ExecRequest, ExecStarted
 
@@ -71,6 +73,13 @@ async def _node(request: Request) -> tuple[SandboxCaller, NodeClient]:
     return caller, await services(request).sandboxes.node_of(caller.row)
 
 
+async def _node_to_run(request: Request) -> tuple[SandboxCaller, NodeClient]:
+    """As ``_node``, for a call that runs code: within the tenant's daily CPU budget."""
+    caller, node = await _node(request)
+    await services(request).sandboxes.admission.cpu(caller.principal)
+    return caller, node
+
+
 def _home(caller: SandboxCaller) -> str:
     return home_of(None, str((caller.row.spec or {}).get("user") or "user"))
 
@@ -100,7 +109,10 @@ async def _start_worker(node: NodeClient, sandbox_id: str, context_id: str, cwd:
     if not isinstance(first, ExecStarted):
         raise CorralError("the interpreter's worker did not start")
     log.info(
-        "sandbox=%s: interpreter context %s started (pid %d)", sandbox_id, context_id, first.pid
+        "sandbox=%s: interpreter context %s started (pid %d)",
+        sandbox_id,
+        loggable(context_id),
+        first.pid,
     )
     return first.pid
 
@@ -124,7 +136,7 @@ async def _answers(events: AsyncIterator[ExecEvent], cell: str) -> AsyncIterator
         if not isinstance(event, ExecOutput):
             continue
         if event.stream == "stderr":
-            log.debug("interpreter worker: %s", event.data.rstrip())
+            log.debug("interpreter worker: %s", loggable(event.data.rstrip()))
             continue
         pending += event.data
         *lines, pending = pending.split("\n")
@@ -159,11 +171,11 @@ async def _interrupt(node: NodeClient, sandbox_id: str, pid: int, cell: str) -> 
         finally:
             await events.aclose()  # type: ignore[attr-defined]
     except (CorralError, StopAsyncIteration) as exc:
-        log.info("sandbox=%s: cell %s: nothing to interrupt (%s)", sandbox_id, cell, exc)
+        log.info("sandbox=%s: cell %s: nothing to interrupt (%s)", sandbox_id, cell, loggable(exc))
 
 
 async def execute(request: Request) -> Response:
-    caller, node = await _node(request)
+    caller, node = await _node_to_run(request)
     body = await _json(request)
     code = body.get("code")
     if not isinstance(code, str):
@@ -206,7 +218,7 @@ async def execute(request: Request) -> Response:
 
 
 async def create_context(request: Request) -> Response:
-    caller, node = await _node(request)
+    caller, node = await _node_to_run(request)
     body = await _json(request)
     if body.get("language") not in LANGUAGES:
         raise NotSupported(f"language {body.get('language')!r} is not supported (python only)")
@@ -236,12 +248,13 @@ async def _worker(request: Request) -> tuple[SandboxCaller, NodeClient, str, Pro
 async def remove_context(request: Request) -> Response:
     caller, node, context_id, worker = await _worker(request)
     await node.signal_process(caller.sandbox_id, worker.pid, signal.SIGKILL)
-    log.info("sandbox=%s: interpreter context %s removed", caller.sandbox_id, context_id)
+    log.info("sandbox=%s: interpreter context %s removed", caller.sandbox_id, loggable(context_id))
     return Response(status_code=204)
 
 
 async def restart_context(request: Request) -> Response:
     caller, node, context_id, worker = await _worker(request)
+    await services(request).sandboxes.admission.cpu(caller.principal)
     await node.signal_process(caller.sandbox_id, worker.pid, signal.SIGKILL)
     for _ in range(100):  # until the killed worker has left the table
         if context_id not in await _workers(node, caller.sandbox_id):

@@ -54,6 +54,7 @@ class Authenticator:
         self._generation = 0  #: bumped by every ``forget_tenant``
         self._default_tenant = default_tenant
         self._default: tuple[float, Principal] | None = None
+        self._tenants: dict[str, tuple[float, Principal]] = {}  #: by tenant id
 
     async def authenticate(self, request: Request, auth: Auth) -> Principal | Admin | None:
         if auth == "none":
@@ -125,6 +126,29 @@ class Authenticator:
             self._cache[presented] = (now, principal)
         return principal
 
+    async def tenant_principal(self, tenant_id: str) -> Principal:
+        """The tenant ``tenant_id`` acting through no key (a sandbox access token it was
+        handed: ``app.e2b.tokens``), cached like a key; a disabled tenant is refused."""
+        hit = self._tenants.get(tenant_id)
+        if hit is not None and time.monotonic() - hit[0] < self._cache_s:
+            return hit[1]
+        return await self._lookups.do(
+            "\0tenant:" + tenant_id, lambda: self._tenant_lookup(tenant_id)
+        )
+
+    async def _tenant_lookup(self, tenant_id: str) -> Principal:
+        now, generation = time.monotonic(), self._generation
+        async with self._sessions() as session:
+            tenant = await session.get(Tenant, tenant_id)
+        if tenant is None:
+            raise InvalidApiKey("the access token's tenant is gone")
+        if tenant.disabled:
+            raise TenantDisabled()
+        principal = Principal(tenant.id, None, self._quota(tenant))
+        if self._cache_s > 0 and generation == self._generation:
+            self._tenants[tenant_id] = (now, principal)
+        return principal
+
     def principal_of(self, tenant: Tenant, key_id: str | None) -> Principal:
         """The principal of ``tenant`` acting through ``key_id`` (checked by the caller)."""
         return Principal(tenant.id, key_id, self._quota(tenant))
@@ -138,6 +162,7 @@ class Authenticator:
         self._generation += 1
         for presented in [k for k, (_, p) in self._cache.items() if p.tenant_id == tenant_id]:
             del self._cache[presented]
+        self._tenants.pop(tenant_id, None)
         self._default = None
 
 

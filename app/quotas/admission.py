@@ -1,8 +1,9 @@
 """Admission control: a request runs only inside its tenant's quotas.
 
-In order: the daily CPU budget (else 429 ``cpu_quota_exhausted``); the storage kept for
-large outputs (else 429 ``storage_quota_exhausted``, until the blob retention frees
-some); a token from the
+In order: the daily CPU budget, sandboxes' CPU included (else 429
+``cpu_quota_exhausted``); the storage kept for large outputs and snapshots (else 429
+``storage_quota_exhausted``, until the blob retention frees some or snapshots are
+deleted); a token from the
 executions-per-second bucket, waiting for it if it is due within the admission wait;
 a concurrency slot, waiting in a bounded per-tenant queue up to the admission wait
 (RL clients score a 429 as a failed reward, so queueing is the default). Only past

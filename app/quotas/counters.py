@@ -5,7 +5,9 @@ default), ``app.quotas.redis_counters.RedisCounters`` a cluster of gateways.
 
 The token bucket lets its balance go negative down to ``rate * max_wait``: taking a
 token returns how long the caller must wait for it to be due (a reservation), or None
-when even that would exceed ``max_wait``.
+when even that would exceed ``max_wait``. A tenant has one bucket per ``Bucket``: its
+executions (``executions_per_second``) and its sandbox calls
+(``sandbox_calls_per_second``).
 """
 
 from __future__ import annotations
@@ -16,12 +18,22 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
+
+#: which of a tenant's token buckets
+Bucket = Literal["executions", "sandbox_calls"]
 
 
 class QuotaCounters(ABC):
     @abstractmethod
     async def reserve_token(
-        self, tenant_id: str, *, rate: float, burst: int, max_wait: float
+        self,
+        tenant_id: str,
+        *,
+        rate: float,
+        burst: int,
+        max_wait: float,
+        bucket: Bucket = "executions",
     ) -> float | None:
         """Seconds until the reserved token is due, or None (over the limit)."""
 
@@ -59,6 +71,15 @@ class _Bucket:
     stamp: float
 
 
+def _take(bucket: _Bucket, now: float, *, rate: float, burst: int, max_wait: float) -> float | None:
+    bucket.tokens = min(float(burst), bucket.tokens + (now - bucket.stamp) * rate)
+    bucket.stamp = now
+    if bucket.tokens - 1 < -rate * max_wait:
+        return None
+    bucket.tokens -= 1
+    return max(0.0, -bucket.tokens / rate)
+
+
 @dataclass
 class _TenantState:
     leases: dict[str, float] = field(default_factory=dict)  # lease id -> expiry
@@ -69,23 +90,24 @@ class _TenantState:
 class MemoryCounters(QuotaCounters):
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._buckets: dict[str, _Bucket] = {}
+        self._buckets: dict[tuple[Bucket, str], _Bucket] = {}
         self._tenants: dict[str, _TenantState] = {}
 
     def _state(self, tenant_id: str) -> _TenantState:
         return self._tenants.setdefault(tenant_id, _TenantState())
 
     async def reserve_token(
-        self, tenant_id: str, *, rate: float, burst: int, max_wait: float
+        self,
+        tenant_id: str,
+        *,
+        rate: float,
+        burst: int,
+        max_wait: float,
+        bucket: Bucket = "executions",
     ) -> float | None:
         now = self._clock()
-        bucket = self._buckets.setdefault(tenant_id, _Bucket(float(burst), now))
-        bucket.tokens = min(float(burst), bucket.tokens + (now - bucket.stamp) * rate)
-        bucket.stamp = now
-        if bucket.tokens - 1 < -rate * max_wait:
-            return None
-        bucket.tokens -= 1
-        return max(0.0, -bucket.tokens / rate)
+        tokens = self._buckets.setdefault((bucket, tenant_id), _Bucket(float(burst), now))
+        return _take(tokens, now, rate=rate, burst=burst, max_wait=max_wait)
 
     async def try_acquire_slot(
         self, tenant_id: str, *, limit: int, lease_id: str, ttl: float

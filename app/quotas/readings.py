@@ -1,7 +1,10 @@
 """The per-tenant totals quotas are judged against: today's CPU-seconds (from the usage
-rollups) and the bytes of large outputs kept (from the blobs). Both are read from the
-database, the source of truth across every gateway and node, and cached briefly on the
-admission path, so a tenant may overshoot by what it starts within ``cache_seconds``.
+rollups and events, plus what its live sandboxes used that no event holds yet) and the
+bytes it stores (large outputs kept, from the blobs, and the snapshots it has not
+deleted). Both are read from the database, the source of truth across every gateway
+and node, and cached briefly on the admission path, so a tenant may overshoot by what it
+starts within ``cache_seconds`` (and a sandbox's CPU shows once its node's reading
+reached the record: ``app.sandboxes.service.sync``).
 """
 
 from __future__ import annotations
@@ -11,10 +14,25 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from sqlalchemy import func, select, union_all
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.db import blobs, usage
+from app.db import usage
+from app.db.models import Blob, Snapshot
 from wire.singleflight import SingleFlight
+
+
+async def stored_bytes(session: AsyncSession, tenant_id: str) -> int:
+    """Bytes the tenant stores against ``max_storage_mb``: its large outputs kept and its
+    snapshots not deleted, in one statement."""
+    parts = union_all(
+        select(Blob.size.label("size")).where(Blob.tenant_id == tenant_id),
+        select(Snapshot.size_bytes.label("size")).where(
+            Snapshot.tenant_id == tenant_id, Snapshot.deleted_at.is_(None)
+        ),
+    ).subquery()
+    total = await session.scalar(select(func.coalesce(func.sum(parts.c.size), 0)))
+    return int(total or 0)
 
 
 class Readings:
@@ -29,15 +47,17 @@ class Readings:
 
         async def read(session: AsyncSession) -> float:
             today = datetime.now(UTC).date()
-            return await usage.cpu_seconds(session, tenant_id=tenant_id, day=today)
+            return await usage.cpu_seconds(
+                session, tenant_id=tenant_id, day=today, live_sandboxes=True
+            )
 
         return await self._cached("cpu", tenant_id, read)
 
     async def stored_bytes(self, tenant_id: str) -> float:
-        """Bytes of the tenant's large outputs kept (``app.db.blobs``)."""
+        """Bytes the tenant stores: large outputs kept and snapshots (``stored_bytes``)."""
 
         async def read(session: AsyncSession) -> float:
-            return float(await blobs.used_bytes(session, tenant_id))
+            return float(await stored_bytes(session, tenant_id))
 
         return await self._cached("storage", tenant_id, read)
 

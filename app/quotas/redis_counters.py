@@ -7,7 +7,7 @@ import time
 
 from redis.asyncio import Redis
 
-from app.quotas.counters import QuotaCounters
+from app.quotas.counters import Bucket, QuotaCounters
 from wire import keys
 
 # KEYS[1] bucket hash; ARGV rate, burst, max_wait, now. Returns wait in ms or -1.
@@ -63,13 +63,20 @@ class RedisCounters(QuotaCounters):
         self._local_waiting = 0
 
     async def reserve_token(
-        self, tenant_id: str, *, rate: float, burst: int, max_wait: float
+        self,
+        tenant_id: str,
+        *,
+        rate: float,
+        burst: int,
+        max_wait: float,
+        bucket: Bucket = "executions",
     ) -> float | None:
-        wait_ms = int(
-            await self._reserve(
-                keys=[keys.quota_tokens(tenant_id)], args=[rate, burst, max_wait, time.time()]
-            )
+        key = (
+            keys.quota_tokens(tenant_id)
+            if bucket == "executions"
+            else keys.quota_sandbox_call_tokens(tenant_id)
         )
+        wait_ms = int(await self._reserve(keys=[key], args=[rate, burst, max_wait, time.time()]))
         return None if wait_ms < 0 else wait_ms / 1000.0
 
     async def try_acquire_slot(

@@ -36,8 +36,9 @@ class QuotaLimits(BaseModel):
         1024,
         ge=1,
         le=1_048_576,
-        description="Large outputs (parts over 64 KiB) kept for the blob retention; past it "
-        "new executions get 429 storage_quota_exhausted until some expire.",
+        description="Large outputs (parts over 64 KiB) kept for the blob retention, and "
+        "sandbox snapshots kept; past it new executions and snapshots get 429 "
+        "storage_quota_exhausted until some outputs expire or snapshots are deleted.",
     )
     max_memory_mb: int = Field(1024, ge=16, le=1_048_576, description="Memory of one execution.")
     max_wall_seconds: float = Field(
@@ -45,6 +46,42 @@ class QuotaLimits(BaseModel):
     )
     max_sandbox_lifetime_seconds: int = Field(
         3600, ge=1, le=30 * 86_400, description="Lifetime of one sandbox."
+    )
+    # --- sandboxes: the size of one, what all live ones hold together, their calls ---
+    max_sandbox_memory_mb: int = Field(
+        8192, ge=32, le=262_144, description="Memory of one sandbox (its memory_mb)."
+    )
+    max_sandbox_cpu: float = Field(4.0, gt=0, le=64, description="CPU of one sandbox (cores).")
+    max_sandbox_disk_mb: int = Field(
+        16_384, ge=16, le=1_048_576, description="Writable layer of one sandbox (its disk_mb)."
+    )
+    max_sandboxes_memory_mb: int = Field(
+        16_384,
+        ge=0,
+        le=100_000_000,
+        description="Memory of the tenant's live sandboxes together (their memory_mb summed).",
+    )
+    max_sandboxes_cpu: float = Field(
+        16.0, ge=0, le=1_000_000, description="CPU of the tenant's live sandboxes together."
+    )
+    max_sandboxes_disk_mb: int = Field(
+        32_768,
+        ge=0,
+        le=1_000_000_000,
+        description="Writable layers of the tenant's live sandboxes together (disk_mb summed).",
+    )
+    max_snapshots: int = Field(
+        64, ge=0, le=100_000, description="Snapshots kept (made and not deleted)."
+    )
+    sandbox_calls_per_second: float = Field(
+        100.0,
+        gt=0,
+        le=1_000_000,
+        description="Sustained rate of sandbox calls (create, exec, files, processes, "
+        "snapshots, pause and resume; /v1/sandboxes and the E2B API alike).",
+    )
+    sandbox_call_burst: int = Field(
+        500, ge=1, le=10_000_000, description="Token-bucket size for sandbox_calls_per_second."
     )
     time_limit_basis: Literal["wall", "cpu"] = Field(
         "wall",

@@ -3,18 +3,21 @@
 Every operation on a sandbox is routed to the node that holds it
 (``app.sandboxes.service``). Files travel as raw bytes (``GET``/``PUT .../files``);
 ``exec`` answers the whole result, or NDJSON events as they come with ``"stream": true``.
+Every call here takes a token of the tenant's sandbox-calls bucket first
+(``app.sandboxes.admission``: 429 ``rate_limited`` past ``sandbox_calls_per_second``).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from pydantic import BaseModel
 from starlette.responses import Response, StreamingResponse
 
 from app.db.cursors import decode_cursor, encode_cursor
 from app.db.models import Sandbox, Snapshot
 from app.errors import InvalidPath, PayloadTooLarge, ValidationFailed
-from app.http.endpoint import Call, Endpoint, endpoint
+from app.http.endpoint import Call, Endpoint, Handler, endpoint
 from app.sandboxes import listing
 from app.schemas.sandboxes import (
     CreateSandbox,
@@ -130,9 +133,7 @@ async def delete_sandbox(call: Call) -> SandboxOut:
 
 def _action(name: str, summary: str) -> Endpoint:
     async def handler(call: Call) -> SandboxOut:
-        row = await call.services.sandboxes.action(
-            call.tenant.tenant_id, call.path["sandbox_id"], name
-        )
+        row = await call.services.sandboxes.action(call.tenant, call.path["sandbox_id"], name)
         return sandbox_out(row)
 
     handler.__name__ = f"{name}_sandbox"
@@ -183,9 +184,7 @@ async def exec_command(call: Call) -> ExecOut | Response:
         timeout_s=body.timeout_s,
         max_output_bytes=EXEC_OUTPUT_CAP,
     )
-    events = await call.services.sandboxes.exec(
-        call.tenant.tenant_id, call.path["sandbox_id"], request
-    )
+    events = await call.services.sandboxes.exec(call.tenant, call.path["sandbox_id"], request)
     if body.stream:
         # The node's refusal (paused, gone, unreachable) comes with the first event: take
         # it before the answer starts, so that it is an error answer, not a cut stream.
@@ -328,7 +327,7 @@ def snapshot_out(row: Snapshot) -> SnapshotOut:
     status=201,
 )
 async def snapshot_sandbox(call: Call) -> SnapshotOut:
-    row = await call.services.sandboxes.snapshot(call.tenant.tenant_id, call.path["sandbox_id"])
+    row = await call.services.sandboxes.snapshot(call.tenant, call.path["sandbox_id"])
     return snapshot_out(row)
 
 
@@ -405,11 +404,11 @@ endpoints = [
 #: what each operation can answer beyond the statuses every tenant endpoint has: 409 for a
 #: paused or stopped sandbox (or a snapshot in use), 400/413 for paths and file sizes
 _ERRORS: dict[str, tuple[int, ...]] = {
-    "create_sandbox": (404, 409, 429),
+    "create_sandbox": (404, 409, 422, 429),
     "pause_sandbox": (409,),
-    "resume_sandbox": (409,),
+    "resume_sandbox": (409, 429),
     "set_timeout": (409,),
-    "exec_command": (409,),
+    "exec_command": (409, 429),
     "read_file": (400, 409, 413),
     "write_file": (400, 409, 413),
     "stat_file": (400, 409),
@@ -417,10 +416,25 @@ _ERRORS: dict[str, tuple[int, ...]] = {
     "make_dir": (400, 409),
     "remove_file": (400, 409),
     "move_file": (400, 409),
-    "snapshot_sandbox": (409,),
-    "fork_sandbox": (409, 429),
+    "snapshot_sandbox": (409, 429),
+    "fork_sandbox": (409, 422, 429),
     "delete_snapshot": (409,),
 }
+
+
+def _charged(handler: Handler) -> Handler:
+    """``handler`` after a token of the tenant's sandbox-calls bucket."""
+
+    async def charged(call: Call) -> BaseModel | Response | None:
+        await call.services.sandboxes.admission.call(call.tenant)
+        return await handler(call)
+
+    charged.__name__ = handler.__name__
+    charged.__doc__ = handler.__doc__
+    return charged
+
+
 for _endpoint in endpoints:
     _extra = _ERRORS.get(_endpoint.handler.__name__, ())
-    _endpoint.errors = tuple(sorted({*_endpoint.errors, *_extra}))
+    _endpoint.errors = tuple(sorted({*_endpoint.errors, *_extra, 429}))  # 429: rate_limited
+    _endpoint.handler = _charged(_endpoint.handler)

@@ -37,6 +37,7 @@ from app.errors import (
     ValidationFailed,
 )
 from runtimes.node import local
+from wire.logsafe import loggable
 from wire.processes import ProcessInfo, ProcessSignal, StartProcess
 from wire.sandboxes import (
     EXEC_EVENT,
@@ -81,6 +82,8 @@ _ERRORS: dict[str, type[CorralError]] = {
     "backend_unavailable": BackendUnavailable,
 }
 TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+#: bytes of a node's unexpected error message a log line keeps
+NODE_MESSAGE_LOGGED = 300
 #: an idle connection to a node is closed by us before the node would close it
 #: (``runtimes.node.http.KEEP_ALIVE_S``): else a request can meet a connection closing
 IDLE_CONNECTION_S = 30.0
@@ -269,6 +272,12 @@ def _error(response: httpx.Response) -> CorralError:
         code, message = "", response.text[:200]
     kind = _ERRORS.get(code)
     if kind is None:
-        log.error("node answered %s %s: %s", response.status_code, code, message)
+        # the message may quote what the tenant sent (a path, a command): escaped, bounded
+        log.error(
+            "node answered %s %s: %s",
+            response.status_code,
+            loggable(code),
+            loggable(message, NODE_MESSAGE_LOGGED),
+        )
         return NodeUnavailable(f"the node failed: {message}")
     return kind(message)

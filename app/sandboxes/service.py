@@ -1,10 +1,15 @@
 """Sandboxes as the control plane sees them: records, quotas, placement, routing.
 
-A create is admitted against the tenant's ``max_concurrent_sandboxes`` (the row is
-written first and counted after, so two creates racing for the last place cannot both
-win) and its ``max_sandbox_lifetime_seconds`` (``app.sandboxes.lifetime``, which judges
-timeouts too), placed on a node that offers the backend (best of two by live sandboxes
-and free memory), and created there, the node sent the image's digest when the control
+A create is admitted against the tenant's sandbox quotas (``app.sandboxes.admission``):
+the size of one sandbox, the daily CPU budget, and what its live sandboxes hold together
+(``max_concurrent_sandboxes``, memory, CPU, disk). That last judgement is made in the
+transaction that writes the row, the tenant's creates taking turns in it (``_admit``: a
+lock on the tenant's row on PostgreSQL, SQLite's one writer), so two creates racing for
+the last room cannot both win, and a burst is refused only past what the quota holds.
+Then its ``max_sandbox_lifetime_seconds`` (``app.sandboxes.lifetime``, which judges
+timeouts too); it is placed on a node that offers the backend and has room for its
+memory and CPU (``app.placement.sandboxes``: best of two by live sandboxes and free
+memory), and created there, the node sent the image's digest when the control
 plane's store knows its name (the node fetches a digest it lacks; ``app.images``) and
 the name as given otherwise; the row then keeps the name, and holds the node, the image
 digest and the phase timings. Every later operation is routed to that node. ``sync`` (run by the
@@ -12,35 +17,46 @@ reconciler's loop) makes records and nodes agree: a record whose node no longer 
 sandbox is stopped with the node's reason (expired, idle) or "lost"; a sandbox a node
 holds with no live record is destroyed. Then it records the usage of live sandboxes,
 and a sandbox recorded stopped has its last interval recorded at once
-(``app.sandboxes.metering``).
+(``app.sandboxes.metering``); the CPU a node read of a live sandbox reaches its record
+at each ``sync``, so the daily CPU quota sees it. A snapshot is admitted the same way as
+a create (``_reserve_snapshot``): its row, sized as the sandbox's disk use now, is
+written before the node copies anything, in a transaction that counts it against
+``max_snapshots`` and ``max_storage_mb``; the copy's real size replaces the estimate.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.auth.principal import Principal
-from app.db.models import Sandbox, Snapshot
+from app.db.models import Sandbox, Snapshot, Tenant
 from app.db.transactions import RowReader
 from app.errors import (
-    ConcurrencyLimited,
     CorralError,
     LifetimeTooLong,
-    NoCapacity,
     NodeUnavailable,
     NotFound,
 )
 from app.images.catalog import ControlImages
+from app.placement import sandboxes as placement
 from app.placement.catalogue import Catalogue
+from app.quotas import readings
+from app.quotas.spec import QuotaLimits
 from app.sandboxes import lifetime, listing, metering
+from app.sandboxes.admission import (
+    Ask,
+    SandboxAdmission,
+    size_refusal,
+    snapshot_refusal,
+    totals_refusal,
+)
 from app.sandboxes.listing import LIVE
 from app.sandboxes.nodes import NodeClient
 from app.sandboxes.place import PLACE, Placed, SandboxPlace
@@ -71,9 +87,11 @@ class Sandboxes:
         node_token: str | None,
         images: ControlImages,
         rows: RowReader,
+        admission: SandboxAdmission,
         meter_every_s: float = 60.0,
     ) -> None:
         self._sessions = sessions
+        self.admission = admission
         self._rows = rows
         self._images = images
         self._meter_every_s = meter_every_s
@@ -96,13 +114,16 @@ class Sandboxes:
 
     async def place(self, tenant_id: str, sandbox_id: str) -> SandboxPlace:
         """Where the tenant's sandbox lives and its state (``app.sandboxes.place``)."""
-        values = await self._rows.read(PLACE, sandbox_id)
-        if values is None:
-            raise NotFound(f"no sandbox {sandbox_id}")
-        place = SandboxPlace.of(values)
-        if place.tenant_id != tenant_id:
+        place = await self.place_of(sandbox_id)
+        if place is None or place.tenant_id != tenant_id:
             raise NotFound(f"no sandbox {sandbox_id}")
         return place
+
+    async def place_of(self, sandbox_id: str) -> SandboxPlace | None:
+        """Where a sandbox lives, whoever's it is (for a credential that names it:
+        ``app.e2b.auth``); None: no such sandbox."""
+        values = await self._rows.read(PLACE, sandbox_id)
+        return None if values is None else SandboxPlace.of(values)
 
     async def list_sandboxes(
         self,
@@ -166,6 +187,11 @@ class Sandboxes:
     async def create(self, principal: Principal, body: CreateSandbox) -> Sandbox:
         tenant_id = principal.tenant_id
         received = datetime.now(UTC)
+        ask = Ask(cpu=body.cpu, memory_mb=body.memory_mb, disk_mb=body.disk_mb)
+        too_large = size_refusal(principal.quota, ask)
+        if too_large is not None:
+            raise too_large
+        await self.admission.cpu(principal)
         lifetime_s = float(principal.quota.max_sandbox_lifetime_seconds)
         asked = body.ttl_s if "ttl_s" in body.model_fields_set else None
         body = body.model_copy(update={"ttl_s": lifetime.create_ttl(asked, lifetime_s)})
@@ -183,32 +209,16 @@ class Sandboxes:
             meta=dict(body.metadata),
             created_at=received,
         )
-        limit = principal.quota.max_concurrent_sandboxes
-        async with self._sessions() as session, session.begin():
-            session.add(row)
-        async with self._sessions() as session:
-            live = await session.scalar(
-                select(func.count())
-                .select_from(Sandbox)
-                .where(Sandbox.tenant_id == tenant_id)
-                .where(Sandbox.state.in_([s.value for s in LIVE]))
-            )
-        if (live or 0) > limit:
-            await self._update(
-                row.id,
-                state=SandboxState.STOPPED.value,
-                reason="refused: quota",
-                ended_at=datetime.now(UTC),
-            )
-            raise ConcurrencyLimited(
-                f"the tenant holds {limit} live sandboxes, its max_concurrent_sandboxes"
-            )
+        if body.snapshot_id is None:  # (the snapshot's node is judged when it is sent)
+            reports = await self._catalogue.nodes()
+            placement.refuse_too_large(reports, body.backend, memory_mb=ask.memory_mb, cpu=ask.cpu)
+        await self._admit(row, principal.quota, ask)
         try:
             if body.snapshot_id is not None:
-                node = await self._node_by_id(snapshot.node_id)
+                node = await self._node_by_id(snapshot.node_id, ask)
                 image = body.image  # unused: the node starts from the snapshot's digest
             else:
-                node = await self._place(body.backend)
+                node = await self._place(body.backend, ask)
                 image = await self._image_ref(body.image)
             spec = SandboxSpec(
                 sandbox_id=row.id,
@@ -250,6 +260,25 @@ class Sandboxes:
             start_ms=status.phases.start_ms,
         )
 
+    async def _admit(self, row: Sandbox, quota: QuotaLimits, ask: Ask) -> None:
+        """Write the row of a new sandbox unless, counted with the tenant's live ones, it
+        would pass the quota (then nothing is written). The tenant's creates take turns
+        between the write and the judgement: each judges every row written before it, so
+        none is let in past the quota and none is refused while there is room."""
+        tenant_live = (Sandbox.tenant_id == row.tenant_id) & Sandbox.state.in_(
+            [s.value for s in LIVE]
+        )
+        async with self._sessions() as session, session.begin():
+            await _take_turn(session, row.tenant_id)
+            session.add(row)
+            await session.flush()  # SQLite: the one writer's lock, held to the commit
+            specs = await session.scalars(
+                select(Sandbox.spec).where(tenant_live, Sandbox.id != row.id)
+            )
+            refusal = totals_refusal(quota, [Ask.of(spec or {}) for spec in specs], ask)
+            if refusal is not None:
+                raise refusal  # rolled back: the row was never there
+
     @staticmethod
     def _first_ttl(row: Sandbox, ttl_s: float, lifetime_s: float) -> float:
         """The TTL the node is asked for: what was granted, less the time the create has
@@ -266,25 +295,18 @@ class Sandboxes:
         digest = await self._images.digest_of(ref)
         return digest if digest is not None else ref
 
-    async def _place(self, backend: str) -> NodeClient:
-        nodes = [
-            n
-            for n in await self._catalogue.nodes()
-            if backend in n.sandbox_backends and n.address is not None
-        ]
-        if not nodes:
-            raise NoCapacity(f"no node offers {backend} sandboxes now")
-        with_room = [n for n in nodes if n.sandbox_room > 0]
-        if not with_room:
-            raise NoCapacity(f"every node offering {backend} sandboxes is full")
-        nodes = with_room
-        choices = random.sample(nodes, min(2, len(nodes)))
-        best = min(choices, key=lambda n: (n.sandboxes, -n.memory_free_mb))
-        return self._client(best)
+    async def _place(self, backend: str, ask: Ask) -> NodeClient:
+        """A node with room for the sandbox (``app.placement.sandboxes``)."""
+        reports = await self._catalogue.nodes()
+        chosen = placement.choose(reports, backend, memory_mb=ask.memory_mb, cpu=ask.cpu)
+        return self._client(chosen)
 
-    async def _node_by_id(self, node_id: str) -> NodeClient:
+    async def _node_by_id(self, node_id: str, ask: Ask | None = None) -> NodeClient:
+        """The client of one node; with ``ask``, refused unless it has room for it."""
         for report in await self._catalogue.nodes():
             if report.node_id == node_id and report.address is not None:
+                if ask is not None:
+                    placement.check(report, memory_mb=ask.memory_mb, cpu=ask.cpu)
                 return self._client(report)
         raise NodeUnavailable(f"node {node_id} is not reachable now")
 
@@ -324,9 +346,12 @@ class Sandboxes:
         return await self._apply(row, status)
 
     async def action(
-        self, tenant_id: str, sandbox_id: str, action: str, body: Any = None
+        self, principal: Principal, sandbox_id: str, action: str, body: Any = None
     ) -> Sandbox:
-        row = await self.get(tenant_id, sandbox_id)
+        """``pause`` or ``resume`` (a resume within the daily CPU budget)."""
+        row = await self.get(principal.tenant_id, sandbox_id)
+        if action == "resume":
+            await self.admission.cpu(principal)
         node = await self.node_of(row)
         return await self._apply(row, await node.action(sandbox_id, action, body))
 
@@ -356,34 +381,85 @@ class Sandboxes:
             return row
 
     async def exec(
-        self, tenant_id: str, sandbox_id: str, request: ExecRequest
+        self, principal: Principal, sandbox_id: str, request: ExecRequest
     ) -> AsyncIterator[ExecEvent]:
-        node = await self.node_of(await self.place(tenant_id, sandbox_id))
+        """Run a command, within the tenant's daily CPU budget."""
+        node = await self.node_of(await self.place(principal.tenant_id, sandbox_id))
+        await self.admission.cpu(principal)
         return node.exec(sandbox_id, request)
 
     async def node_for(self, tenant_id: str, sandbox_id: str) -> NodeClient:
         return await self.node_of(await self.place(tenant_id, sandbox_id))
 
     # --- snapshots and forks --------------------------------------------------------------
-    async def snapshot(self, tenant_id: str, sandbox_id: str) -> Snapshot:
+    async def snapshot(self, principal: Principal, sandbox_id: str) -> Snapshot:
+        """Copy the sandbox's files, within the tenant's ``max_snapshots`` and
+        ``max_storage_mb`` (judged before anything is copied)."""
+        tenant_id = principal.tenant_id
         row = await self.get(tenant_id, sandbox_id)
         node = await self.node_of(row)
-        info = await node.snapshot(sandbox_id, new_id("snap"))
+        in_use = (await node.status(sandbox_id)).disk_bytes or 0
         snapshot = Snapshot(
-            id=info.snapshot_id,
+            id=new_id("snap"),
             tenant_id=tenant_id,
             sandbox_id=sandbox_id,
             node_id=node.node_id,
             backend=row.backend,
             image=row.image,
-            image_digest=info.image_digest,
-            size_bytes=info.size_bytes,
+            image_digest=row.image_digest or "",
+            size_bytes=in_use,
             created_at=datetime.now(UTC),
         )
+        await self._reserve_snapshot(snapshot, principal.quota)
+        try:
+            info = await node.snapshot(sandbox_id, snapshot.id)
+        except BaseException:
+            await asyncio.shield(self._drop_snapshot_row(snapshot.id))
+            raise
         async with self._sessions() as session, session.begin():
-            session.add(snapshot)
+            await session.execute(
+                update(Snapshot)
+                .where(Snapshot.id == snapshot.id)
+                .values(size_bytes=info.size_bytes, image_digest=info.image_digest)
+            )
+        snapshot.size_bytes, snapshot.image_digest = info.size_bytes, info.image_digest
         log.info("sandbox=%s: snapshot %s (%d bytes)", sandbox_id, snapshot.id, info.size_bytes)
         return snapshot
+
+    async def _reserve_snapshot(self, snapshot: Snapshot, quota: QuotaLimits) -> None:
+        """Write the row of a snapshot about to be made, sized as its sandbox's disk use
+        now, unless the tenant keeps ``max_snapshots`` or it would pass the storage
+        quota; the tenant's snapshots take turns here, as creates do in ``_admit``."""
+        async with self._sessions() as session, session.begin():
+            await _take_turn(session, snapshot.tenant_id)
+            session.add(snapshot)
+            await session.flush()
+            kept = await session.scalar(
+                select(func.count())
+                .select_from(Snapshot)
+                .where(
+                    Snapshot.tenant_id == snapshot.tenant_id,
+                    Snapshot.deleted_at.is_(None),
+                    Snapshot.id != snapshot.id,
+                )
+            )
+            stored = await readings.stored_bytes(session, snapshot.tenant_id)
+            refusal = snapshot_refusal(
+                quota,
+                kept=int(kept or 0),
+                stored_bytes=stored - snapshot.size_bytes,
+                adding_bytes=snapshot.size_bytes,
+            )
+            if refusal is not None:
+                raise refusal
+
+    async def _drop_snapshot_row(self, snapshot_id: str) -> None:
+        """Forget the row of a snapshot the node did not make."""
+        try:
+            async with self._sessions() as session, session.begin():
+                await session.execute(delete(Snapshot).where(Snapshot.id == snapshot_id))
+        except Exception as exc:
+            log.warning("snapshot %s: its row is left (%r)", snapshot_id, exc)
 
     async def get_snapshot(self, tenant_id: str, snapshot_id: str) -> Snapshot:
         async with self._sessions() as session:
@@ -428,13 +504,15 @@ class Sandboxes:
         # asked for: refused above the limit (before the snapshot); inherited: cut to it
         inherited = min(float(spec.get("ttl_s", DEFAULT_TTL_S)), lifetime_s)
         ttl_s = inherited if ttl_s is None else lifetime.create_ttl(ttl_s, lifetime_s)
-        snapshot = await self.snapshot(principal.tenant_id, sandbox_id)
+        ask = Ask.of(spec)
+        await self._precheck_fork(principal, ask)
+        snapshot = await self.snapshot(principal, sandbox_id)
         body = CreateSandbox(
             backend=source.backend,
             image=source.image,
-            cpu=float(spec.get("cpu", 1.0)),
-            memory_mb=int(spec.get("memory_mb", 512)),
-            disk_mb=int(spec.get("disk_mb", 1024)),
+            cpu=ask.cpu,
+            memory_mb=ask.memory_mb,
+            disk_mb=ask.disk_mb,
             ttl_s=ttl_s,
             idle_timeout_s=spec.get("idle_timeout_s"),
             user=str(spec.get("user", "user")),
@@ -449,6 +527,26 @@ class Sandboxes:
         if failed and not sandboxes:
             raise failed[0]
         return snapshot, sandboxes
+
+    async def _precheck_fork(self, principal: Principal, ask: Ask) -> None:
+        """Refuse a fork none of whose sandboxes could be made, before its snapshot is
+        copied: too large for the quota, no CPU left today, no room for one more (each
+        create is judged again, race-free, by ``create``)."""
+        too_large = size_refusal(principal.quota, ask)
+        if too_large is not None:
+            raise too_large
+        await self.admission.cpu(principal)
+        async with self._sessions() as session:
+            specs = await session.scalars(
+                select(Sandbox.spec).where(
+                    Sandbox.tenant_id == principal.tenant_id,
+                    Sandbox.state.in_([s.value for s in LIVE]),
+                )
+            )
+            live = [Ask.of(spec or {}) for spec in specs]
+        refusal = totals_refusal(principal.quota, live, ask)
+        if refusal is not None:
+            raise refusal
 
     # --- reconciliation ---------------------------------------------------------------
     async def sync(self) -> None:
@@ -467,6 +565,7 @@ class Sandboxes:
         for row in rows:
             by_node.setdefault(row.node_id, []).append(row)
         now = datetime.now(UTC)
+        readings_of: list[dict[str, Any]] = []
         for node_id, report in reports.items():
             if not report.sandbox_backends:
                 continue
@@ -482,6 +581,14 @@ class Sandboxes:
                 if status is not None:
                     if status.state.value != row.state:
                         await self._apply(row, status)
+                    elif status.cpu_ms is not None and status.cpu_ms != row.cpu_ms:
+                        readings_of.append(
+                            {
+                                "id": row.id,
+                                "cpu_ms": status.cpu_ms,
+                                "memory_bytes": status.memory_bytes,
+                            }
+                        )
                 elif (
                     row.state != SandboxState.CREATING.value or now - row.created_at > CREATE_GRACE
                 ):
@@ -510,9 +617,28 @@ class Sandboxes:
                 if now - row.created_at > CREATE_GRACE or row.state != "creating":
                     log.warning("sandbox=%s: its node %s is gone; lost", row.id, holder)
                     await self._update(row.id, state="stopped", reason="lost", ended_at=now)
+        await self._store_readings(readings_of)
         await self.meter()
+
+    async def _store_readings(self, values: list[dict[str, Any]]) -> None:
+        """The nodes' latest CPU and memory readings of live sandboxes, into their records
+        in one transaction (the daily CPU quota reads them: ``app.quotas.readings``)."""
+        if not values:
+            return
+        async with self._sessions() as session, session.begin():
+            await session.execute(update(Sandbox), values)
 
     async def _is_recorded_live(self, sandbox_id: str) -> bool:
         async with self._sessions() as session:
             row = await session.get(Sandbox, sandbox_id)
         return row is not None and row.state in {s.value for s in LIVE}
+
+
+async def _take_turn(session: AsyncSession, tenant_id: str) -> None:
+    """Wait for the tenant's other admissions (of sandboxes, of snapshots) to commit, and
+    hold the others back until this transaction ends: a lock on the tenant's row on
+    PostgreSQL (one that does not block the rows that refer to it). SQLite has one writer:
+    the row written next takes its lock, which serializes the same way."""
+    await session.execute(
+        select(Tenant.id).where(Tenant.id == tenant_id).with_for_update(key_share=True)
+    )

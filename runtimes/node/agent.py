@@ -25,7 +25,7 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from runtimes.base import Runtime
 from runtimes.node.memory import MemoryGuard
@@ -155,9 +155,17 @@ class NodeAgent:
         for name, backend in self.backends.items():
             warm.update(backend.inventory())
             pools[name] = backend.stats()
+        capacity: dict[str, Any] = {}
         if self.sandboxes is not None:
             warm.update(self.sandboxes.warm_inventory())
             pools["sandboxes"] = self.sandboxes.pool_stats()
+            held = self.sandboxes.capacity()
+            capacity = {
+                "sandbox_memory_mb": held.memory_mb,
+                "sandbox_memory_free_mb": held.memory_free_mb,
+                "sandbox_cpu": held.cpu,
+                "sandbox_cpu_free": held.cpu_free,
+            }
         return NodeReport(
             node_id=self.node_id,
             incarnation=self.incarnation,
@@ -178,6 +186,7 @@ class NodeAgent:
             sandboxes=self.sandboxes.live_count() if self.sandboxes is not None else 0,
             sandbox_backends=sorted(self.sandboxes.backends) if self.sandboxes is not None else [],
             sandbox_room=self.sandboxes.room() if self.sandboxes is not None else 0,
+            **capacity,
             started_at=self._started_at,
             reported_at=time.time(),
         )

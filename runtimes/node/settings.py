@@ -22,6 +22,9 @@ from runtimes.sandboxes.network import DEFAULT_DENY
 #: short program in a warm jail typically uses, not its limit.
 SLOT_MEMORY_MB = 64
 MAX_SLOTS = 512
+#: The CPU quotas of a node's sandboxes may add up to this many times its cores.
+SANDBOX_CPU_OVERCOMMIT = 4
+MIN_SANDBOX_MEMORY_MB = 256
 
 
 class NodeSettings(BaseSettings):
@@ -110,6 +113,22 @@ class NodeSettings(BaseSettings):
     )
     sandbox_max_warm: int = Field(64, ge=1, description="Warm sandboxes over all images, at most.")
     sandbox_max: int = Field(4096, ge=1, description="Sandboxes this node holds at most.")
+    sandbox_memory_mb: int | None = Field(
+        None,
+        ge=64,
+        description="Memory this node's sandboxes may hold together: the sum of their "
+        "memory limits (memory_mb) stays within it, a create past it is refused (503 "
+        "no_capacity; placement sends it to a node with room). Default: the host's memory "
+        "less memory_reserve_mb, as jails_memory_mb for the jails "
+        "(resolved_sandbox_memory_mb).",
+    )
+    sandbox_cpu: float | None = Field(
+        None,
+        gt=0,
+        description="CPU (cores) this node's sandboxes may hold together, their cpu quotas "
+        "summed. Default: the host's cores times SANDBOX_CPU_OVERCOMMIT (a CPU quota is a "
+        "ceiling, not a reservation).",
+    )
     sandbox_create_concurrency: int = Field(
         8, ge=1, description="Sandbox creates the node runs at once."
     )
@@ -194,5 +213,28 @@ class NodeSettings(BaseSettings):
     def resolved_memory_mb(self) -> int:
         if self.node_memory_mb is not None:
             return self.node_memory_mb
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
-        return max(64, total * 3 // 4)
+        return max(64, host_memory_mb() * 3 // 4)
+
+    @property
+    def resolved_sandbox_memory_mb(self) -> int:
+        """What the node's sandboxes may hold together (``sandbox_memory_mb``)."""
+        if self.sandbox_memory_mb is not None:
+            return self.sandbox_memory_mb
+        return default_sandbox_memory_mb(self.memory_reserve_mb)
+
+    @property
+    def resolved_sandbox_cpu(self) -> float:
+        if self.sandbox_cpu is not None:
+            return self.sandbox_cpu
+        return float((os.cpu_count() or 1) * SANDBOX_CPU_OVERCOMMIT)
+
+
+def host_memory_mb() -> int:
+    """The host's physical memory, in MiB."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
+
+
+def default_sandbox_memory_mb(reserve_mb: int) -> int:
+    """The memory a node's sandboxes hold together by default: the host's less the
+    node's reserve (``memory_reserve_mb``), at least ``MIN_SANDBOX_MEMORY_MB``."""
+    return max(MIN_SANDBOX_MEMORY_MB, host_memory_mb() - reserve_mb)

@@ -6,7 +6,20 @@ TTL or idle timeout (a reaper loop, so an abandoned sandbox is freed even if no 
 ever asks), and at start-up takes back what a previous node process left running: a
 sandbox whose saved spec it can read is adopted as it is (running or paused), anything
 else the backend holds is destroyed. So no sandbox outlives its node's knowledge of it;
-the gateway's reconciler compares that knowledge (``inventory``) with its records.
+the gateway's reconciler compares that knowledge (``inventory``) with its records,
+and the reaper reads each live sandbox's usage (memory, CPU, disk) every
+``USAGE_EVERY_S`` into its status, so the inventory carries the CPU the tenant's daily
+quota is charged (and a destroy reads it a last time first).
+
+Capacity: the sandboxes a node holds keep within ``CreateLimits``: a number, and the
+memory and CPU their limits add up to (``memory_mb``, ``cpu``: the node's
+``sandbox_memory_mb`` and ``sandbox_cpu``). A create holds its size from before its first
+wait to its end (``_hold``, synchronous with the check: two creates racing cannot both
+take the last room), and one that does not fit fails at once with ``NodeFull`` (503
+no_capacity; placement, which reads the node's report, tries to send it where it fits).
+Warm sandboxes (``runtimes.sandboxes.warm``) are not counted: they are frozen with what
+they touched while warming (a few MiB, their pool's ``memory_mb``) and use nothing more
+until a create claims one, which holds the create's own memory like a cold create.
 """
 
 from __future__ import annotations
@@ -47,6 +60,8 @@ from wire.sandboxes import (
 log = logging.getLogger(__name__)
 
 REAP_EVERY_S = 1.0
+#: how often the reaper reads the usage (CPU, memory, disk) of every live sandbox
+USAGE_EVERY_S = 10.0
 #: a stopped sandbox's status is kept this long, so that a gateway learns why it ended
 STOPPED_KEPT_S = 600.0
 
@@ -61,6 +76,18 @@ class CreateLimits:
     concurrency: int = 8
     queue: int = 256
     wait_s: float = 30.0
+    memory_mb: int | None = None  #: what the sandboxes' memory limits add up to at most
+    cpu: float | None = None  #: what their CPU quotas add up to at most
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What the node gives sandboxes and what of it is free (for its report)."""
+
+    memory_mb: int | None
+    memory_free_mb: int
+    cpu: float | None
+    cpu_free: float
 
 
 @dataclass
@@ -99,6 +126,8 @@ class SandboxManager:
         self._create_slots = asyncio.Semaphore(self.limits.concurrency)
         self._queued = 0
         self._resolving: dict[str, asyncio.Future[RootImage]] = {}
+        self._holds: dict[str, SandboxSpec] = {}  #: creates under way, by sandbox id
+        self._usage_read_at = -1e18
 
     # --- start and stop -------------------------------------------------------------------
     async def start(self) -> None:
@@ -175,8 +204,47 @@ class SandboxManager:
     async def create(self, spec: SandboxSpec) -> SandboxStatus:
         if spec.sandbox_id in self._entries:
             return self._entries[spec.sandbox_id].status  # a retried create
-        async with self._admitted():
-            return await self._create(spec)
+        self._hold(spec)
+        try:
+            async with self._admitted():
+                return await self._create(spec)
+        finally:
+            self._holds.pop(spec.sandbox_id, None)
+
+    def _hold(self, spec: SandboxSpec) -> None:
+        """Count the create's memory and CPU as held, if they fit (else ``NodeFull``).
+        No await between the check and the hold: creates racing take turns."""
+        memory, cpu = self.held()
+        limits = self.limits
+        if limits.memory_mb is not None and memory + spec.memory_mb > limits.memory_mb:
+            raise NodeFull(
+                f"this node's sandboxes hold {memory} MiB of its {limits.memory_mb} MiB for "
+                f"sandboxes: no room for {spec.memory_mb} MiB more"
+            )
+        if limits.cpu is not None and cpu + spec.cpu > limits.cpu + 1e-9:
+            raise NodeFull(
+                f"this node's sandboxes hold {cpu:g} of its {limits.cpu:g} CPU for "
+                f"sandboxes: no room for {spec.cpu:g} more"
+            )
+        self._holds[spec.sandbox_id] = spec
+
+    def held(self) -> tuple[int, float]:
+        """Memory (MiB) and CPU the live sandboxes and the creates under way hold."""
+        specs = [
+            e.spec for e in self._entries.values() if e.status.state is not SandboxState.STOPPED
+        ]
+        specs += [held for sid, held in self._holds.items() if sid not in self._entries]
+        return sum(s.memory_mb for s in specs), sum(s.cpu for s in specs)
+
+    def capacity(self) -> Capacity:
+        memory, cpu = self.held()
+        limits = self.limits
+        return Capacity(
+            memory_mb=limits.memory_mb,
+            memory_free_mb=max(0, (limits.memory_mb or 0) - memory),
+            cpu=limits.cpu,
+            cpu_free=max(0.0, (limits.cpu or 0.0) - cpu),
+        )
 
     @contextlib.asynccontextmanager
     async def _admitted(self) -> AsyncIterator[None]:
@@ -296,6 +364,7 @@ class SandboxManager:
         entry = self._get(sandbox_id)
         async with entry.lock:
             if entry.status.state is not SandboxState.STOPPED:
+                await self._read_usage(entry)  # its last CPU reading, for its tenant's quota
                 await entry.backend.destroy(sandbox_id)
                 entry.status.state = SandboxState.STOPPED
                 entry.status.reason = reason
@@ -348,13 +417,23 @@ class SandboxManager:
 
     async def status(self, sandbox_id: str) -> SandboxStatus:
         entry = self._get(sandbox_id)
-        if entry.status.state in (SandboxState.RUNNING, SandboxState.PAUSED):
-            with contextlib.suppress(SandboxError):
-                usage = await entry.backend.usage(sandbox_id)
-                entry.status.memory_bytes = usage.memory_bytes
-                entry.status.cpu_ms = usage.cpu_ms
-                entry.status.disk_bytes = usage.disk_bytes
+        await self._read_usage(entry)
         return entry.status
+
+    async def _read_usage(self, entry: _Entry) -> None:
+        """The backend's usage readings of a live sandbox, into its status."""
+        if entry.status.state not in (SandboxState.RUNNING, SandboxState.PAUSED):
+            return
+        with contextlib.suppress(SandboxError):
+            usage = await entry.backend.usage(entry.spec.sandbox_id)
+            entry.status.memory_bytes = usage.memory_bytes
+            entry.status.cpu_ms = usage.cpu_ms
+            entry.status.disk_bytes = usage.disk_bytes
+
+    async def read_usage(self) -> None:
+        """Read the usage of every live sandbox (the reaper does, every USAGE_EVERY_S)."""
+        for entry in list(self._entries.values()):
+            await self._read_usage(entry)
 
     def inventory(self) -> list[SandboxStatus]:
         return [entry.status for entry in self._entries.values()]
@@ -470,6 +549,9 @@ class SandboxManager:
             await asyncio.sleep(REAP_EVERY_S)
             try:
                 await self.reap()
+                if time.monotonic() - self._usage_read_at >= USAGE_EVERY_S:
+                    self._usage_read_at = time.monotonic()
+                    await self.read_usage()
             except Exception:
                 log.exception("the sandbox reaper failed; it runs again")
 

@@ -62,5 +62,7 @@ def build_manager(
             concurrency=settings.sandbox_create_concurrency,
             queue=settings.sandbox_create_queue,
             wait_s=settings.sandbox_create_wait_seconds,
+            memory_mb=settings.resolved_sandbox_memory_mb,
+            cpu=settings.resolved_sandbox_cpu,
         ),
     )

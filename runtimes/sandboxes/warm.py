@@ -7,7 +7,9 @@ reaps what sits idle past its timeout, and accounts the idle capacity held. A wa
 sandbox belongs to no tenant; it is frozen (no CPU) until a create claims it, when the
 backend gives it the request's id, limits, disk and env and thaws it
 (``SandboxBackend.claim``). A claimed sandbox leaves the pool for good: the pool's
-one-shot ``stop`` of it does nothing.
+one-shot ``stop`` of it does nothing. Warm sandboxes are not counted against the memory
+and CPU the node gives its sandboxes (``runtimes.sandboxes.manager``): frozen, they hold
+what they touched while warming and use nothing more; a claim holds the create's size.
 """
 
 from __future__ import annotations

@@ -248,6 +248,67 @@ async def test_a_burst_beyond_capacity_waits_in_a_bounded_queue_then_fails_clear
         await m.close()
 
 
+async def test_creates_past_the_memory_and_cpu_the_node_gives_sandboxes_are_refused(
+    tmp_path: Path,
+) -> None:
+    """Two gateways may place on one node at once: the node itself keeps the sum of its
+    sandboxes' limits within its budget, whatever the order creates arrive in."""
+    import asyncio
+
+    from runtimes.sandboxes.base import NodeFull
+    from runtimes.sandboxes.manager import CreateLimits
+
+    backend = FakeSandboxBackend()
+    backend.create_delay_s = 0.05  # creates overlap
+    m = SandboxManager(
+        {"fake": backend},
+        lambda ref: IMAGE,
+        state_dir=tmp_path / "records",
+        limits=CreateLimits(memory_mb=1024, cpu=3.0),
+    )
+    await m.start()
+    try:
+        outcomes = await asyncio.gather(
+            *(m.create(spec(f"s-{i}", backend="fake", memory_mb=512)) for i in range(5)),
+            return_exceptions=True,
+        )
+        made = [o for o in outcomes if not isinstance(o, BaseException)]
+        refused = [o for o in outcomes if isinstance(o, NodeFull)]
+        assert len(made) == 2 and len(refused) == 3, outcomes
+        assert "no room for 512 MiB" in str(refused[0])
+        assert m.held() == (1024, 2.0)
+        capacity = m.capacity()
+        assert (capacity.memory_mb, capacity.memory_free_mb) == (1024, 0)
+        assert (capacity.cpu, capacity.cpu_free) == (3.0, 1.0)
+        await m.destroy(made[0].sandbox_id)
+        with pytest.raises(NodeFull, match="CPU"):
+            await m.create(spec("s-cpu", backend="fake", memory_mb=64, cpu=2.5))
+        assert m.capacity().memory_free_mb == 512  # a refused create holds nothing
+        await m.create(spec("s-again", backend="fake", memory_mb=512))
+        assert m.capacity().memory_free_mb == 0
+    finally:
+        await m.destroy_all("test over")
+        await m.close()
+
+
+async def test_a_destroy_reads_the_cpu_its_sandbox_used_last(tmp_path: Path) -> None:
+    """The CPU a sandbox burnt reaches its tenant's quota even if nobody read its status
+    before it ended (the inventory carries the reaper's readings meanwhile)."""
+    m = manager(tmp_path, FakeSandboxBackend(), Clock())
+    await m.start()
+    try:
+        await m.create(spec("s-read", backend="fake"))
+        assert [s.cpu_ms for s in m.inventory()] == [None]
+        await m.read_usage()  # what the reaper does every USAGE_EVERY_S
+        assert [s.cpu_ms for s in m.inventory()] == [1.0]
+        await m.create(spec("s-unread", backend="fake"))
+        ended = await m.destroy("s-unread")
+        assert ended.state is SandboxState.STOPPED and ended.cpu_ms == 1.0
+    finally:
+        await m.destroy_all("test over")
+        await m.close()
+
+
 async def test_creates_of_one_image_share_one_resolve(tmp_path: Path) -> None:
     """A missing image is fetched once however many creates want it at once."""
     import asyncio
