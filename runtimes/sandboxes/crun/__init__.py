@@ -15,6 +15,9 @@ if TYPE_CHECKING:
 
 
 def _create(settings: NodeSettings) -> CrunBackend:
+    # imported here: the settings module imports this package (the network's defaults)
+    from runtimes.node.settings import default_sandbox_memory_mb
+
     network = None
     if settings.sandbox_network_cidr is not None:
         network = Network(settings.sandbox_network_cidr, settings.sandbox_network_deny)
@@ -29,6 +32,12 @@ def _create(settings: NodeSettings) -> CrunBackend:
         ),
         user_namespaces=settings.sandbox_user_namespaces,
         lxcfs=Lxcfs(settings.sandbox_lxcfs_dir),
+        # the placement budget may promise more than the host has (an operator's
+        # overcommit); the kernel's bound over all sandboxes never does
+        memory_limit_mb=min(
+            settings.resolved_sandbox_memory_mb,
+            default_sandbox_memory_mb(settings.memory_reserve_mb),
+        ),
     )
 
 
