@@ -22,6 +22,7 @@ never rename one) and an HTTP ``status``.
     │   ├── InvalidApiKey            401 invalid_api_key
     │   └── NodeTokenRequired        401 missing_node_token   (/internal/: nodes only)
     ├── Forbidden                    403 forbidden
+    │   ├── PermissionDenied         403 permission_denied    (a file call's user, in a sandbox)
     │   ├── AdminRequired            403 admin_required
     │   ├── TenantDisabled           403 tenant_disabled
     │   └── InvalidNodeToken         403 invalid_node_token
@@ -42,8 +43,10 @@ never rename one) and an HTTP ``status``.
     │   ├── DatabaseUnavailable      503 database_unavailable
     │   ├── DispatchUnavailable      503 dispatch_unavailable
     │   ├── NodeUnavailable          503 node_unavailable     (the sandbox's node)
+    │   ├── SandboxUnresponsive      503 sandbox_unresponsive (its init refused or is silent)
     │   ├── ImageFetchFailed         503 image_fetch_failed   (node from control plane)
     │   └── UnsupportedRuntime       400 unsupported_runtime
+    ├── DiskFull                     507 disk_full            (a sandbox's disk or memory)
     └── ExecutionTimeout             504 execution_timeout
 """
 
@@ -147,6 +150,13 @@ class InvalidApiKey(Unauthenticated):
 
 class Forbidden(CorralError):
     status, code, default_message = 403, "forbidden", "forbidden"
+
+
+class PermissionDenied(Forbidden):
+    """A file call in a sandbox acts as a user (the sandbox's default, or the one named)
+    who may not do it: the kernel said so, inside the sandbox."""
+
+    code, default_message = "permission_denied", "the user the call acts as may not do this"
 
 
 class AdminRequired(Forbidden):
@@ -265,6 +275,13 @@ class NodeUnavailable(Unavailable):
     code, default_message = "node_unavailable", "the node that holds the sandbox cannot be reached"
 
 
+class SandboxUnresponsive(Unavailable):
+    """The sandbox's init could not start the call (its processes are at their limit) or
+    did not answer in time."""
+
+    code, default_message = "sandbox_unresponsive", "the sandbox did not answer in time"
+
+
 class BackendUnavailable(Unavailable):
     code, default_message = "backend_unavailable", "the node cannot give this sandbox what it asks"
 
@@ -286,6 +303,12 @@ class UnsupportedRuntime(Unavailable):
 
 class Unsupported(CorralError):
     status, code, default_message = 501, "unsupported", "the sandbox's backend cannot do this"
+
+
+class DiskFull(CorralError):
+    """A write found the sandbox's disk (or the memory its RAM disk counts against) full."""
+
+    status, code, default_message = 507, "disk_full", "the sandbox's disk is full"
 
 
 class ExecutionTimeout(CorralError):
