@@ -37,6 +37,7 @@ never rename one) and an HTTP ``status``.
     │   ├── RateLimited              429 rate_limited
     │   ├── ConcurrencyLimited       429 concurrency_limited
     │   ├── CpuQuotaExhausted        429 cpu_quota_exhausted
+    │   ├── TooManyTransfers         429 too_many_transfers   (file transfers on a node)
     │   └── StorageQuotaExhausted    429 storage_quota_exhausted
     ├── Unavailable                  503 unavailable         (Retry-After)
     │   ├── NoCapacity               503 no_capacity
@@ -240,6 +241,12 @@ class ConcurrencyLimited(QuotaExceeded):
 
 class CpuQuotaExhausted(QuotaExceeded):
     code, default_message = "cpu_quota_exhausted", "daily CPU-seconds quota is used up"
+
+
+class TooManyTransfers(QuotaExceeded):
+    """The tenant (or the sandbox's node) has its most file transfers running."""
+
+    code, default_message = "too_many_transfers", "too many file transfers at once; retry"
 
 
 class StorageQuotaExhausted(QuotaExceeded):

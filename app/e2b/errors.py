@@ -16,7 +16,8 @@ the SDK turns into ``SandboxNotRunningException``. Another tenant's sandbox is 4
 ``CorralError``; anything that is not one (bad JSON, a bad value) is mapped to one here,
 so no input reaches a 500. A limit over the tenant's quota (a sandbox's lifetime) is a 400,
 as E2B answers a timeout over the plan's maximum. A file call its user may not make is
-``permission_denied`` (REST 403), a full disk ``resource_exhausted`` (REST 507, as envd).
+``permission_denied`` (REST 403), a full disk ``resource_exhausted`` (REST 507, as envd),
+too many transfers at once ``resource_exhausted`` (REST 429).
 """
 
 from __future__ import annotations

@@ -415,17 +415,18 @@ endpoints = [
 
 #: what each operation can answer beyond the statuses every tenant endpoint has: 409 for a
 #: paused or stopped sandbox (or a snapshot in use), 400/413 for paths and file sizes, 403
-#: for what the user a file call acts as may not do, 507 for a full disk
+#: for what the user a file call acts as may not do, 429 past the node's transfer bounds,
+#: 507 for a full disk
 _ERRORS: dict[str, tuple[int, ...]] = {
     "create_sandbox": (404, 409, 429),
     "pause_sandbox": (409,),
     "resume_sandbox": (409,),
     "set_timeout": (409,),
     "exec_command": (409,),
-    "read_file": (400, 403, 409, 413),
-    "write_file": (400, 403, 409, 413, 507),
+    "read_file": (400, 403, 409, 413, 429),
+    "write_file": (400, 403, 409, 413, 429, 507),
     "stat_file": (400, 403, 409),
-    "list_files": (400, 403, 409),
+    "list_files": (400, 403, 409, 429),
     "make_dir": (400, 403, 409, 507),
     "remove_file": (400, 403, 409),
     "move_file": (400, 403, 409, 507),

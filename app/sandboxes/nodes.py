@@ -34,8 +34,10 @@ from app.errors import (
     PathNotFound,
     PayloadTooLarge,
     PermissionDenied,
+    QuotaExceeded,
     SandboxNotRunning,
     SandboxUnresponsive,
+    TooManyTransfers,
     Unsupported,
     ValidationFailed,
 )
@@ -84,6 +86,7 @@ _ERRORS: dict[str, type[CorralError]] = {
     "backend_unavailable": BackendUnavailable,
     "permission_denied": PermissionDenied,
     "disk_full": DiskFull,
+    "too_many_transfers": TooManyTransfers,
     "sandbox_unresponsive": SandboxUnresponsive,
 }
 TIMEOUT = httpx.Timeout(30.0, connect=5.0)
@@ -376,4 +379,7 @@ def _error(response: httpx.Response) -> CorralError:
     if kind is None:
         log.error("node answered %s %s: %s", response.status_code, code, message)
         return NodeUnavailable(f"the node failed: {message}")
+    if issubclass(kind, QuotaExceeded):
+        retry = response.headers.get("retry-after", "1")
+        return kind(message, retry_after=float(retry) if retry.isdigit() else 1.0)
     return kind(message)

@@ -19,6 +19,7 @@ the node's API answers with (the gateway maps it to its own errors):
     ├── SnapshotInUse         409 snapshot_in_use
     ├── FileTooLarge          413 file_too_large
     ├── DiskFull              507 disk_full             (the sandbox's disk or memory)
+    ├── TooManyTransfers      429 too_many_transfers    (Retry-After)
     ├── ImageUnavailable      404 image_not_found
     ├── ImageFetchFailed      503 image_fetch_failed    (from the control plane)
     ├── NodeFull              503 no_capacity
@@ -116,6 +117,15 @@ class DiskFull(SandboxError):
     """A write found the sandbox's disk (or the memory its RAM disk is charged to) full."""
 
     status, code = 507, "disk_full"
+
+
+class TooManyTransfers(SandboxError):
+    """The tenant (or the node) has its most file transfers running; retry shortly."""
+
+    status, code = 429, "too_many_transfers"
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": "1"}
 
 
 class ImageUnavailable(SandboxError):

@@ -6,7 +6,8 @@ compared in constant time). Bodies are ``wire.sandboxes`` models; errors are
 ``{"error": code, "message": ...}`` with the ``SandboxError``'s status. ``exec`` answers
 NDJSON: one ``ExecEvent`` per line as it happens, the ``exit`` event last. File calls act
 as ``user`` (default: the sandbox's user; ``SandboxBackend`` says what that means); file
-bytes stream both ways in bounded chunks.
+bytes stream both ways in bounded chunks; downloads, uploads and listing pages count
+against the node's transfer bounds (``runtimes.sandboxes.transfers``).
 
     POST   /sandboxes                       SandboxSpec -> SandboxStatus
     GET    /sandboxes                       -> SandboxInventory
@@ -46,6 +47,7 @@ from runtimes.sandboxes import rooted
 from runtimes.sandboxes.base import FileStream, SandboxError
 from runtimes.sandboxes.manager import SandboxManager
 from runtimes.sandboxes.processes import ProcessTable, process_routes
+from runtimes.sandboxes.transfers import Slot, TransferSlots
 from runtimes.sandboxes.watch import WatcherTable, watcher_routes
 from wire.sandboxes import MAX_PAGE, ExecRequest, SandboxInventory, SandboxSpec
 
@@ -99,22 +101,33 @@ async def _bounded(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[by
 
 
 class _FileResponse(StreamingResponse):
-    """A file's bytes as they are read; the stream is released when the answer ends,
-    however it ends (sent, cut, or never started)."""
+    """A file's bytes as they are read; the stream and its transfer slot are released when
+    the answer ends, however it ends (sent, cut, or never started)."""
 
-    def __init__(self, stream: FileStream) -> None:
+    def __init__(self, stream: FileStream, slot: Slot) -> None:
         super().__init__(stream.chunks(), media_type="application/octet-stream")
         self._stream = stream
+        self._slot = slot
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            await self._stream.close()
+            try:
+                await self._stream.close()
+            finally:
+                self._slot.release()
 
 
-def sandbox_routes(manager: SandboxManager, token: str, *, node_id: str) -> list[Route]:
+def sandbox_routes(
+    manager: SandboxManager,
+    token: str,
+    *,
+    node_id: str,
+    transfers: TransferSlots | None = None,
+) -> list[Route]:
     expected = f"Bearer {token}".encode()
+    slots = transfers or TransferSlots()
 
     def guarded(handler: Handler) -> Handler:
         async def run(request: Request) -> Response:
@@ -187,8 +200,13 @@ def sandbox_routes(manager: SandboxManager, token: str, *, node_id: str) -> list
         backend, spec = manager.backend_of(sid(request))
         limit = min(int(request.query_params.get("max_bytes", MAX_FILE_BYTES)), MAX_FILE_BYTES)
         user, path = user_of(request, spec), path_of(request)
-        stream = await backend.read_file(sid(request), path, user=user, max_bytes=limit)
-        return _FileResponse(stream)
+        slot = slots.take(spec.tenant_id)
+        try:
+            stream = await backend.read_file(sid(request), path, user=user, max_bytes=limit)
+        except BaseException:
+            slot.release()
+            raise
+        return _FileResponse(stream, slot)
 
     async def write_file(request: Request) -> Response:
         backend, spec = manager.backend_of(sid(request))
@@ -197,13 +215,14 @@ def sandbox_routes(manager: SandboxManager, token: str, *, node_id: str) -> list
             raise SandboxBodyTooLarge(f"a file is at most {MAX_FILE_BYTES} bytes")
         user, path = user_of(request, spec), path_of(request)
         mode = int(request.query_params.get("mode", "644"), 8)
-        entry = await backend.write_file(
-            sid(request),
-            path,
-            _bounded(request.stream(), MAX_FILE_BYTES),
-            user=user,
-            mode=mode & 0o7777,
-        )
+        with slots.take(spec.tenant_id):
+            entry = await backend.write_file(
+                sid(request),
+                path,
+                _bounded(request.stream(), MAX_FILE_BYTES),
+                user=user,
+                mode=mode & 0o7777,
+            )
         return _json(entry)
 
     async def stat(request: Request) -> Response:
@@ -216,14 +235,15 @@ def sandbox_routes(manager: SandboxManager, token: str, *, node_id: str) -> list
         depth = max(1, min(int(request.query_params.get("depth", "1")), 16))
         limit = max(1, min(int(request.query_params.get("limit", MAX_PAGE)), MAX_PAGE))
         cursor = request.query_params.get("cursor") or None
-        page = await backend.list_dir(
-            sid(request),
-            path_of(request),
-            user=user_of(request, spec),
-            depth=depth,
-            limit=limit,
-            cursor=cursor,
-        )
+        with slots.take(spec.tenant_id):
+            page = await backend.list_dir(
+                sid(request),
+                path_of(request),
+                user=user_of(request, spec),
+                depth=depth,
+                limit=limit,
+                cursor=cursor,
+            )
         return _json(page)
 
     async def mkdir(request: Request) -> Response:

@@ -1,13 +1,14 @@
 """The sandbox file API on real containers (crun) through a real server, gateway and
 embedded node in one process as ``make run`` serves them: file calls act as the user they
 name, bytes stream with the server's memory flat, listings come in pages, uploads are
-charged to the sandbox, a paused sandbox refuses."""
+charged to the sandbox, transfers are bounded per tenant, a paused sandbox refuses."""
 
 from __future__ import annotations
 
 import os
 import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,38 @@ def test_a_large_sparse_file_streams_through_the_gateway_with_memory_flat(
             peak = max(peak, rss())
     assert total == 200 << 20
     assert peak - start < 32 << 20, (peak - start) >> 20  # a memory bound, not a timing
+
+
+def test_transfers_past_the_tenants_bound_get_429_and_not_its_neighbours(
+    serve: Callable[..., Api],
+) -> None:
+    api = serve("busy", sandbox_transfers_per_tenant=2)
+    neighbour = serve("neighbour")
+    one, theirs = api.sandbox(disk_mb=64), neighbour.sandbox()
+    api.sh(one, "truncate -s 64M /tmp/big")
+    with ExitStack() as held:
+        for _ in range(2):  # two downloads still running: their answers are not read
+            answer = held.enter_context(
+                api.http.stream("GET", f"{one}/files", params={"path": "/tmp/big"})
+            )
+            assert answer.status_code == 200
+        third = api.http.get(f"{one}/files", params={"path": "/tmp/big"})
+        assert third.status_code == 429, third.text
+        assert third.json()["error"]["code"] == "too_many_transfers"
+        assert third.headers["retry-after"] == "1"
+        put = api.http.put(f"{one}/files", params={"path": "/tmp/x"}, content=b"x")
+        assert put.status_code == 429
+        theirs_put = neighbour.http.put(f"{theirs}/files", params={"path": "/tmp/x"}, content=b"x")
+        assert theirs_put.status_code == 200, theirs_put.text
+    # the two ended (closed unread): their places are free again, once the server has
+    # seen them go
+    deadline = time.monotonic() + 10
+    while (
+        put := api.http.put(f"{one}/files", params={"path": "/tmp/x"}, content=b"x")
+    ).status_code == 429:
+        assert time.monotonic() < deadline, "the two transfers' places were never freed"
+        time.sleep(0.05)
+    assert put.status_code == 200, put.text
 
 
 def test_a_large_directory_is_listed_in_pages(serve: Callable[..., Api]) -> None:
