@@ -62,7 +62,7 @@ WALK_S = 60.0
 #: a transfer whose bytes stop moving this long is abandoned
 STALL_S = 30.0
 #: bytes read from (and the size of) a transfer's pipe at once
-CHUNK_BYTES = 1 << 18
+CHUNK_BYTES = 1 << 16
 NOT_REGULAR = 1000  #: corral-init's errno for "not a regular file (never opened)"
 MAX_PATH = 4096
 _ENTRY = struct.Struct("<BIIIqqIHH")
