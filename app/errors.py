@@ -23,6 +23,7 @@ never rename one) and an HTTP ``status``.
     │   ├── InvalidApiKey            401 invalid_api_key
     │   └── NodeTokenRequired        401 missing_node_token   (/internal/: nodes only)
     ├── Forbidden                    403 forbidden
+    │   ├── PermissionDenied         403 permission_denied    (a file call's user, in a sandbox)
     │   ├── AdminRequired            403 admin_required
     │   ├── TenantDisabled           403 tenant_disabled
     │   └── InvalidNodeToken         403 invalid_node_token
@@ -39,14 +40,17 @@ never rename one) and an HTTP ``status``.
     │   ├── CpuQuotaExhausted        429 cpu_quota_exhausted
     │   ├── StorageQuotaExhausted    429 storage_quota_exhausted
     │   ├── SandboxQuotaExhausted    429 sandbox_quota_exhausted  (live sandboxes' totals)
-    │   └── SnapshotQuotaExhausted   429 snapshot_quota_exhausted
+    │   ├── SnapshotQuotaExhausted   429 snapshot_quota_exhausted
+    │   └── TooManyTransfers         429 too_many_transfers   (file transfers on a node)
     ├── Unavailable                  503 unavailable         (Retry-After)
     │   ├── NoCapacity               503 no_capacity
     │   ├── DatabaseUnavailable      503 database_unavailable
     │   ├── DispatchUnavailable      503 dispatch_unavailable
     │   ├── NodeUnavailable          503 node_unavailable     (the sandbox's node)
+    │   ├── SandboxUnresponsive      503 sandbox_unresponsive (its init refused or is silent)
     │   ├── ImageFetchFailed         503 image_fetch_failed   (node from control plane)
     │   └── UnsupportedRuntime       400 unsupported_runtime
+    ├── DiskFull                     507 disk_full            (a sandbox's disk or memory)
     └── ExecutionTimeout             504 execution_timeout
 """
 
@@ -162,6 +166,13 @@ class Forbidden(CorralError):
     status, code, default_message = 403, "forbidden", "forbidden"
 
 
+class PermissionDenied(Forbidden):
+    """A file call in a sandbox acts as a user (the sandbox's default, or the one named)
+    who may not do it: the kernel said so, inside the sandbox."""
+
+    code, default_message = "permission_denied", "the user the call acts as may not do this"
+
+
 class AdminRequired(Forbidden):
     code, default_message = "admin_required", "this endpoint needs the admin key"
 
@@ -245,6 +256,12 @@ class CpuQuotaExhausted(QuotaExceeded):
     code, default_message = "cpu_quota_exhausted", "daily CPU-seconds quota is used up"
 
 
+class TooManyTransfers(QuotaExceeded):
+    """The tenant (or the sandbox's node) has its most file transfers running."""
+
+    code, default_message = "too_many_transfers", "too many file transfers at once; retry"
+
+
 class StorageQuotaExhausted(QuotaExceeded):
     code, default_message = (
         "storage_quota_exhausted",
@@ -294,6 +311,13 @@ class NodeUnavailable(Unavailable):
     code, default_message = "node_unavailable", "the node that holds the sandbox cannot be reached"
 
 
+class SandboxUnresponsive(Unavailable):
+    """The sandbox's init could not start the call (its processes are at their limit) or
+    did not answer in time."""
+
+    code, default_message = "sandbox_unresponsive", "the sandbox did not answer in time"
+
+
 class BackendUnavailable(Unavailable):
     code, default_message = "backend_unavailable", "the node cannot give this sandbox what it asks"
 
@@ -315,6 +339,12 @@ class UnsupportedRuntime(Unavailable):
 
 class Unsupported(CorralError):
     status, code, default_message = 501, "unsupported", "the sandbox's backend cannot do this"
+
+
+class DiskFull(CorralError):
+    """A write found the sandbox's disk (or the memory its RAM disk counts against) full."""
+
+    status, code, default_message = 507, "disk_full", "the sandbox's disk is full"
 
 
 class ExecutionTimeout(CorralError):

@@ -154,25 +154,33 @@ class Files:
         params = drop_none(path=path, user=user, mode=file_mode(mode))
         return self._entry("PUT", "", params=params, content=as_bytes(data))
 
-    def read(self, path: str) -> bytes:
-        return self._client._send("GET", self._path, params={"path": path}).content
+    def read(self, path: str, *, user: str | None = None) -> bytes:
+        params = drop_none(path=path, user=user)
+        return self._client._send("GET", self._path, params=params).content
 
-    def read_text(self, path: str, encoding: str = "utf-8") -> str:
-        return self.read(path).decode(encoding)
+    def read_text(self, path: str, encoding: str = "utf-8", *, user: str | None = None) -> str:
+        return self.read(path, user=user).decode(encoding)
 
-    def list(self, path: str, *, depth: int = 1) -> builtins.list[FileEntry]:
-        """A directory's entries, and theirs down to ``depth`` levels."""
-        body = self._client._json(
-            "GET", self._path + "/list", params={"path": path, "depth": depth}
-        )
-        return [FileEntry.from_json(e) for e in body["entries"]]
+    def list(
+        self, path: str, *, depth: int = 1, user: str | None = None
+    ) -> builtins.list[FileEntry]:
+        """A directory's entries, and theirs down to ``depth`` levels (every page)."""
+        entries: builtins.list[FileEntry] = []
+        cursor: str | None = None
+        while True:
+            params = drop_none(path=path, depth=depth, user=user, cursor=cursor)
+            body = self._client._json("GET", self._path + "/list", params=params)
+            entries += [FileEntry.from_json(e) for e in body["entries"]]
+            cursor = body.get("next_cursor")
+            if not cursor:
+                return entries
 
-    def stat(self, path: str) -> FileEntry:
-        return self._entry("GET", "/stat", params={"path": path})
+    def stat(self, path: str, *, user: str | None = None) -> FileEntry:
+        return self._entry("GET", "/stat", params=drop_none(path=path, user=user))
 
-    def exists(self, path: str) -> bool:
+    def exists(self, path: str, *, user: str | None = None) -> bool:
         try:
-            self.stat(path)
+            self.stat(path, user=user)
         except NotFound:
             return False
         return True
@@ -181,12 +189,13 @@ class Files:
         """Make a directory and its parents."""
         return self._entry("POST", "/mkdir", json=drop_none(path=path, user=user))
 
-    def remove(self, path: str) -> None:
+    def remove(self, path: str, *, user: str | None = None) -> None:
         """Remove a file or a whole directory tree."""
-        self._client._send("POST", self._path + "/remove", json={"path": path})
+        self._client._send("POST", self._path + "/remove", json=drop_none(path=path, user=user))
 
-    def move(self, source: str, destination: str) -> FileEntry:
-        return self._entry("POST", "/move", json={"source": source, "destination": destination})
+    def move(self, source: str, destination: str, *, user: str | None = None) -> FileEntry:
+        body = drop_none(source=source, destination=destination, user=user)
+        return self._entry("POST", "/move", json=body)
 
 
 class AsyncSandbox:
@@ -293,24 +302,34 @@ class AsyncFiles:
         params = drop_none(path=path, user=user, mode=file_mode(mode))
         return await self._entry("PUT", "", params=params, content=as_bytes(data))
 
-    async def read(self, path: str) -> bytes:
-        return (await self._client._send("GET", self._path, params={"path": path})).content
+    async def read(self, path: str, *, user: str | None = None) -> bytes:
+        params = drop_none(path=path, user=user)
+        return (await self._client._send("GET", self._path, params=params)).content
 
-    async def read_text(self, path: str, encoding: str = "utf-8") -> str:
-        return (await self.read(path)).decode(encoding)
+    async def read_text(
+        self, path: str, encoding: str = "utf-8", *, user: str | None = None
+    ) -> str:
+        return (await self.read(path, user=user)).decode(encoding)
 
-    async def list(self, path: str, *, depth: int = 1) -> builtins.list[FileEntry]:
-        body = await self._client._json(
-            "GET", self._path + "/list", params={"path": path, "depth": depth}
-        )
-        return [FileEntry.from_json(e) for e in body["entries"]]
+    async def list(
+        self, path: str, *, depth: int = 1, user: str | None = None
+    ) -> builtins.list[FileEntry]:
+        entries: builtins.list[FileEntry] = []
+        cursor: str | None = None
+        while True:
+            params = drop_none(path=path, depth=depth, user=user, cursor=cursor)
+            body = await self._client._json("GET", self._path + "/list", params=params)
+            entries += [FileEntry.from_json(e) for e in body["entries"]]
+            cursor = body.get("next_cursor")
+            if not cursor:
+                return entries
 
-    async def stat(self, path: str) -> FileEntry:
-        return await self._entry("GET", "/stat", params={"path": path})
+    async def stat(self, path: str, *, user: str | None = None) -> FileEntry:
+        return await self._entry("GET", "/stat", params=drop_none(path=path, user=user))
 
-    async def exists(self, path: str) -> bool:
+    async def exists(self, path: str, *, user: str | None = None) -> bool:
         try:
-            await self.stat(path)
+            await self.stat(path, user=user)
         except NotFound:
             return False
         return True
@@ -318,10 +337,10 @@ class AsyncFiles:
     async def mkdir(self, path: str, *, user: str | None = None) -> FileEntry:
         return await self._entry("POST", "/mkdir", json=drop_none(path=path, user=user))
 
-    async def remove(self, path: str) -> None:
-        await self._client._send("POST", self._path + "/remove", json={"path": path})
+    async def remove(self, path: str, *, user: str | None = None) -> None:
+        body = drop_none(path=path, user=user)
+        await self._client._send("POST", self._path + "/remove", json=body)
 
-    async def move(self, source: str, destination: str) -> FileEntry:
-        return await self._entry(
-            "POST", "/move", json={"source": source, "destination": destination}
-        )
+    async def move(self, source: str, destination: str, *, user: str | None = None) -> FileEntry:
+        body = drop_none(source=source, destination=destination, user=user)
+        return await self._entry("POST", "/move", json=body)

@@ -253,6 +253,18 @@ class FileEntry(_Message):
     symlink_target: str | None = None
 
 
+#: most entries in one page of a directory listing
+MAX_PAGE = 1000
+
+
+class EntryPage(_Message):
+    """One page of a directory listing; ``next_cursor`` (opaque) asks for the next one,
+    None: this is the last."""
+
+    entries: list[FileEntry]
+    next_cursor: str | None = None
+
+
 class SnapshotInfo(_Message):
     """A copy of a sandbox's files on the node that made it."""
 

@@ -12,9 +12,15 @@ is authenticated (``app.e2b.auth``), routed to the node that holds the sandbox t
     /filesystem.Filesystem/CreateWatcher|GetWatcherEvents|RemoveWatcher   unary (one
                                             directory, not recursive: the node's inotify)
     /filesystem.Filesystem/WatchDir         server stream: the same watcher, polled
-    GET /files?path=&username=              the file's bytes
-    POST /files?path=&username=             octet-stream or multipart upload -> [WriteInfo]
+    GET /files?path=&username=              the file's bytes, streamed
+    POST /files?path=&username=             octet-stream or multipart upload -> [WriteInfo],
+                                            each file streamed to the node as it arrives
     GET /health                             204 running, 502 "... was not found" if not
+
+Every file call acts as the user named (``Authorization: Basic`` or ``username=``; default:
+the sandbox's user) with that user's permissions inside the sandbox, as envd does: writing
+where that user may not is ``permission_denied``. ListDir answers at most ``LIST_CAP``
+entries (``resource_exhausted`` past them).
 
 A command runs as ``/bin/bash -l -c CMD`` (what the SDK sends), once the tenant's daily
 CPU budget allows (else ``resource_exhausted``: ``app.sandboxes.admission``), and outlives
@@ -33,7 +39,6 @@ import signal
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
-from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -49,7 +54,15 @@ from app.e2b.errors import (
     guarded,
     rest_error,
 )
-from app.errors import BadRequest, InvalidPath, NotFound, PayloadTooLarge
+from app.errors import BadRequest, InvalidPath, NotFound
+from app.sandboxes.files import (
+    MAX_FILE_BYTES,
+    FileAnswer,
+    MultipartFiles,
+    bounded,
+    list_capped,
+    refuse_declared_over,
+)
 from app.sandboxes.nodes import NodeClient
 from wire.logsafe import loggable
 from wire.processes import ProcessInfo, StartProcess
@@ -68,7 +81,8 @@ log = logging.getLogger(__name__)
 #: the tag prefix of Corral's own processes (code interpreter workers): not listed
 INTERNAL_TAG = "corral:"
 KEEPALIVE_DEFAULT_S = 50.0
-MAX_FILE_BYTES = 256 << 20
+#: the most entries a ListDir answers (envd's has no pages): past it, resource_exhausted
+LIST_CAP = 10_000
 #: a background process's output kept over its whole life (the rest is counted, dropped)
 PROCESS_OUTPUT_BYTES = 64 << 20
 #: how often a WatchDir stream asks the node for its watcher's events
@@ -349,16 +363,21 @@ async def process_unsupported(request: Request) -> Response:
 async def fs_stat(request: Request) -> Response:
     caller, node = await _node(request)
     message = await connect.unary_request(request)
-    entry = await node.stat(caller.sandbox_id, _path(request, caller, message.get("path")))
+    path = _path(request, caller, message.get("path"))
+    entry = await node.stat(caller.sandbox_id, path, user=run_as(request))
     return connect.unary_response({"entry": entry_info(entry)})
 
 
 async def fs_list(request: Request) -> Response:
+    """envd's ListDir has no pages: the node's are gathered, up to ``LIST_CAP`` entries;
+    a larger listing is refused (``resource_exhausted``), never cut short silently."""
     caller, node = await _node(request)
     message = await connect.unary_request(request)
     path = _path(request, caller, message.get("path"))
     depth = max(1, min(int(message.get("depth") or 1), 16))
-    entries = await node.list_dir(caller.sandbox_id, path, depth=depth)
+    entries = await list_capped(
+        node, caller.sandbox_id, path, depth=depth, user=run_as(request), cap=LIST_CAP
+    )
     return connect.unary_response({"entries": [entry_info(e) for e in entries]})
 
 
@@ -375,7 +394,7 @@ async def fs_move(request: Request) -> Response:
     message = await connect.unary_request(request)
     source = _path(request, caller, message.get("source"))
     destination = _path(request, caller, message.get("destination"))
-    entry = await node.move(caller.sandbox_id, source, destination)
+    entry = await node.move(caller.sandbox_id, source, destination, user=run_as(request))
     return connect.unary_response({"entry": entry_info(entry)})
 
 
@@ -385,7 +404,7 @@ async def fs_remove(request: Request) -> Response:
     path = _path(request, caller, message.get("path"))
     if path == "/":
         raise InvalidPath("the sandbox's root cannot be removed")
-    await node.remove(caller.sandbox_id, path)
+    await node.remove(caller.sandbox_id, path, user=run_as(request))
     return connect.unary_response({})
 
 
@@ -402,7 +421,8 @@ def _watched(request: Request, caller: SandboxCaller, message: Message) -> str:
 async def fs_create_watcher(request: Request) -> Response:
     caller, node = await _node(request)
     message = await connect.unary_request(request)
-    watcher_id = await node.watch(caller.sandbox_id, _watched(request, caller, message))
+    path = _watched(request, caller, message)
+    watcher_id = await node.watch(caller.sandbox_id, path, user=run_as(request))
     return connect.unary_response({"watcherId": watcher_id})
 
 
@@ -424,7 +444,8 @@ async def fs_watch_dir(request: Request) -> Response:
     try:
         caller, node = await _node(request)
         message = await connect.first_request(request)
-        watcher_id = await node.watch(caller.sandbox_id, _watched(request, caller, message))
+        path = _watched(request, caller, message)
+        watcher_id = await node.watch(caller.sandbox_id, path, user=run_as(request))
     except Exception as exc:
         return connect.stream_error(exc)
     return connect.stream_response(
@@ -460,42 +481,45 @@ async def _watch(
 async def files_get(request: Request) -> Response:
     caller, node = await _node(request)
     path = _path(request, caller, request.query_params.get("path"))
-    data = await node.read_file(caller.sandbox_id, path, max_bytes=MAX_FILE_BYTES)
-    return Response(data, media_type="application/octet-stream")
+    file = await node.read_file(
+        caller.sandbox_id, path, user=_user(request), max_bytes=MAX_FILE_BYTES
+    )
+    return FileAnswer(file)
 
 
-async def _uploads(request: Request, caller: SandboxCaller) -> list[tuple[str, bytes]]:
-    """The files of an upload: ``(path, bytes)``, octet-stream or multipart."""
-    kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
-    if request.headers.get("content-encoding", "identity") != "identity":
-        raise NotSupported("compressed uploads are not supported by Corral")
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_FILE_BYTES:
-        raise PayloadTooLarge(f"a file is at most {MAX_FILE_BYTES} bytes")
-    if kind == "multipart/form-data":
-        form = await request.form(max_files=1000, max_fields=1000)
-        files: list[tuple[str, bytes]] = []
-        for _, value in form.multi_items():
-            if isinstance(value, UploadFile):
-                name = request.query_params.get("path") or value.filename or ""
-                files.append((_path(request, caller, name), await value.read()))
-        await form.close()
-        if not files:
-            raise BadRequest("the upload carries no file")
-        return files
-    path = _path(request, caller, request.query_params.get("path"))
-    return [(path, await request.body())]
+async def _upload(
+    node: NodeClient,
+    caller: SandboxCaller,
+    path: str,
+    user: str | None,
+    chunks: AsyncIterator[bytes],
+) -> Message:
+    entry = await node.write_file(caller.sandbox_id, path, bounded(chunks), user=user, mode=None)
+    return {"name": entry.name, "type": entry.type.value, "path": entry.path}
 
 
 async def files_post(request: Request) -> Response:
+    """An upload, octet-stream or multipart: each file streamed to the node as its bytes
+    arrive (one file at a time, none held whole)."""
     caller, node = await _node(request)
     user = _user(request)
-    written = []
-    for path, data in await _uploads(request, caller):
-        if len(data) > MAX_FILE_BYTES:
-            raise PayloadTooLarge(f"a file is at most {MAX_FILE_BYTES} bytes")
-        entry = await node.write_file(caller.sandbox_id, path, data, user=user, mode=None)
-        written.append({"name": entry.name, "type": entry.type.value, "path": entry.path})
+    kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if request.headers.get("content-encoding", "identity") != "identity":
+        raise NotSupported("compressed uploads are not supported by Corral")
+    refuse_declared_over(request)
+    if kind != "multipart/form-data":
+        path = _path(request, caller, request.query_params.get("path"))
+        return JSONResponse([await _upload(node, caller, path, user, request.stream())])
+    written: list[Message] = []
+    body = MultipartFiles(request)
+    async for part in body.parts():
+        if part.filename is None:
+            continue  # a form field, not a file
+        name = request.query_params.get("path") or part.filename
+        path = _path(request, caller, name)
+        written.append(await _upload(node, caller, path, user, body.data()))
+    if not written:
+        raise BadRequest("the upload carries no file")
     return JSONResponse(written)
 
 

@@ -15,7 +15,9 @@ the SDK turns into ``SandboxNotRunningException``. Another tenant's sandbox is 4
 ``not_found``: whether it exists is not told. Everything else keeps the status of its
 ``CorralError``; anything that is not one (bad JSON, a bad value) is mapped to one here,
 so no input reaches a 500. A limit over the tenant's quota (a sandbox's lifetime) is a 400,
-as E2B answers a timeout over the plan's maximum.
+as E2B answers a timeout over the plan's maximum. A file call its user may not make is
+``permission_denied`` (REST 403), a full disk ``resource_exhausted`` (REST 507, as envd),
+too many transfers at once ``resource_exhausted`` (REST 429).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from app.errors import (
     BadRequest,
     Conflict,
     CorralError,
+    DiskFull,
     ExecutionTimeout,
     Forbidden,
     LimitTooHigh,
@@ -113,6 +116,7 @@ def connect_code(exc: CorralError) -> str:
         (BadRequest, "invalid_argument"),
         (ValidationFailed, "invalid_argument"),
         (PayloadTooLarge, "resource_exhausted"),
+        (DiskFull, "resource_exhausted"),
         (QuotaExceeded, "resource_exhausted"),
         (Unavailable, "unavailable"),
         (ExecutionTimeout, "deadline_exceeded"),

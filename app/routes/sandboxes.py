@@ -1,7 +1,8 @@
 """``/v1/sandboxes``: stateful sandboxes, scoped to the calling tenant.
 
 Every operation on a sandbox is routed to the node that holds it
-(``app.sandboxes.service``). Files travel as raw bytes (``GET``/``PUT .../files``);
+(``app.sandboxes.service``). Files travel as raw bytes, streamed both ways (``GET``/``PUT
+.../files``), and every file call acts as a user of the sandbox (its default, or ``user``);
 ``exec`` answers the whole result, or NDJSON events as they come with ``"stream": true``.
 Every call here takes a token of the tenant's sandbox-calls bucket first
 (``app.sandboxes.admission``: 429 ``rate_limited`` past ``sandbox_calls_per_second``).
@@ -16,9 +17,10 @@ from starlette.responses import Response, StreamingResponse
 
 from app.db.cursors import decode_cursor, encode_cursor
 from app.db.models import Sandbox, Snapshot
-from app.errors import InvalidPath, PayloadTooLarge, ValidationFailed
+from app.errors import InvalidPath, ValidationFailed
 from app.http.endpoint import Call, Endpoint, Handler, endpoint
 from app.sandboxes import listing
+from app.sandboxes.files import MAX_FILE_BYTES, FileAnswer, bounded, refuse_declared_over
 from app.schemas.sandboxes import (
     CreateSandbox,
     EntryList,
@@ -26,6 +28,7 @@ from app.schemas.sandboxes import (
     ExecOut,
     ForkBody,
     ForkOut,
+    ListQuery,
     MoveBody,
     PathBody,
     PathQuery,
@@ -44,7 +47,6 @@ TAGS = ["sandboxes"]
 ONE = "/v1/sandboxes/{sandbox_id}"
 #: the most an exec answer keeps per stream (a stream can be followed with "stream": true)
 EXEC_OUTPUT_CAP = 4 << 20
-MAX_FILE_BYTES = 256 << 20
 
 
 def sandbox_out(row: Sandbox) -> SandboxOut:
@@ -203,33 +205,34 @@ async def exec_command(call: Call) -> ExecOut | Response:
 @endpoint(
     "GET",
     f"{ONE}/files",
-    summary="Download a file (raw bytes)",
+    summary="Download a file (raw bytes, streamed), read as the user named",
     tags=TAGS,
     query=PathQuery,
 )
 async def read_file(call: Call) -> Response:
     q: PathQuery = call.query
     node = await call.services.sandboxes.node_for(call.tenant.tenant_id, call.path["sandbox_id"])
-    data = await node.read_file(call.path["sandbox_id"], q.path, max_bytes=MAX_FILE_BYTES)
-    return Response(data, media_type="application/octet-stream")
+    file = await node.read_file(
+        call.path["sandbox_id"], q.path, user=q.user, max_bytes=MAX_FILE_BYTES
+    )
+    return FileAnswer(file)
 
 
 @endpoint(
     "PUT",
     f"{ONE}/files",
-    summary="Upload a file (the body is its bytes)",
+    summary="Upload a file (the body is its bytes, streamed), written as the user named",
     tags=TAGS,
     query=PathQuery,
     response=FileEntry,
 )
 async def write_file(call: Call) -> FileEntry:
     q: PathQuery = call.query
-    data = await call.request.body()
-    if len(data) > MAX_FILE_BYTES:
-        raise PayloadTooLarge(f"a file is at most {MAX_FILE_BYTES} bytes")
+    refuse_declared_over(call.request)
     node = await call.services.sandboxes.node_for(call.tenant.tenant_id, call.path["sandbox_id"])
     mode = int(q.mode, 8) if q.mode else None
-    return await node.write_file(call.path["sandbox_id"], q.path, data, user=q.user, mode=mode)
+    chunks = bounded(call.request.stream())
+    return await node.write_file(call.path["sandbox_id"], q.path, chunks, user=q.user, mode=mode)
 
 
 @endpoint(
@@ -243,21 +246,29 @@ async def write_file(call: Call) -> FileEntry:
 async def stat_file(call: Call) -> FileEntry:
     q: PathQuery = call.query
     node = await call.services.sandboxes.node_for(call.tenant.tenant_id, call.path["sandbox_id"])
-    return await node.stat(call.path["sandbox_id"], q.path)
+    return await node.stat(call.path["sandbox_id"], q.path, user=q.user)
 
 
 @endpoint(
     "GET",
     f"{ONE}/files/list",
-    summary="A directory's entries",
+    summary="A directory's entries, a page at a time (next_cursor asks for the next)",
     tags=TAGS,
-    query=PathQuery,
+    query=ListQuery,
     response=EntryList,
 )
 async def list_files(call: Call) -> EntryList:
-    q: PathQuery = call.query
+    q: ListQuery = call.query
     node = await call.services.sandboxes.node_for(call.tenant.tenant_id, call.path["sandbox_id"])
-    return EntryList(entries=await node.list_dir(call.path["sandbox_id"], q.path, depth=q.depth))
+    page = await node.list_dir(
+        call.path["sandbox_id"],
+        q.path,
+        depth=q.depth,
+        user=q.user,
+        limit=q.limit,
+        cursor=q.cursor,
+    )
+    return EntryList(entries=page.entries, next_cursor=page.next_cursor)
 
 
 @endpoint(
@@ -287,7 +298,7 @@ async def remove_file(call: Call) -> Response:
     if body.path.strip() in ("/", ""):
         raise InvalidPath("the sandbox's root cannot be removed")
     node = await call.services.sandboxes.node_for(call.tenant.tenant_id, call.path["sandbox_id"])
-    await node.remove(call.path["sandbox_id"], body.path)
+    await node.remove(call.path["sandbox_id"], body.path, user=body.user)
     return Response(status_code=204)
 
 
@@ -302,7 +313,7 @@ async def remove_file(call: Call) -> Response:
 async def move_file(call: Call) -> FileEntry:
     body: MoveBody = call.body
     node = await call.services.sandboxes.node_for(call.tenant.tenant_id, call.path["sandbox_id"])
-    return await node.move(call.path["sandbox_id"], body.source, body.destination)
+    return await node.move(call.path["sandbox_id"], body.source, body.destination, user=body.user)
 
 
 def snapshot_out(row: Snapshot) -> SnapshotOut:
@@ -402,20 +413,22 @@ endpoints = [
 ]
 
 #: what each operation can answer beyond the statuses every tenant endpoint has: 409 for a
-#: paused or stopped sandbox (or a snapshot in use), 400/413 for paths and file sizes
+#: paused or stopped sandbox (or a snapshot in use), 400/413 for paths and file sizes, 403
+#: for what the user a file call acts as may not do, 429 past the node's transfer bounds,
+#: 507 for a full disk
 _ERRORS: dict[str, tuple[int, ...]] = {
     "create_sandbox": (404, 409, 422, 429),
     "pause_sandbox": (409,),
     "resume_sandbox": (409, 429),
     "set_timeout": (409,),
     "exec_command": (409, 429),
-    "read_file": (400, 409, 413),
-    "write_file": (400, 409, 413),
-    "stat_file": (400, 409),
-    "list_files": (400, 409),
-    "make_dir": (400, 409),
-    "remove_file": (400, 409),
-    "move_file": (400, 409),
+    "read_file": (400, 403, 409, 413, 429),
+    "write_file": (400, 403, 409, 413, 429, 507),
+    "stat_file": (400, 403, 409),
+    "list_files": (400, 403, 409, 429),
+    "make_dir": (400, 403, 409, 507),
+    "remove_file": (400, 403, 409),
+    "move_file": (400, 403, 409, 507),
     "snapshot_sandbox": (409, 429),
     "fork_sandbox": (409, 422, 429),
     "delete_snapshot": (409,),

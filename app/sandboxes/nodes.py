@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
 import httpx
@@ -23,6 +23,7 @@ from app.errors import (
     BadRequest,
     Conflict,
     CorralError,
+    DiskFull,
     ImageFetchFailed,
     ImageNotFound,
     InvalidNetwork,
@@ -32,7 +33,11 @@ from app.errors import (
     NotFound,
     PathNotFound,
     PayloadTooLarge,
+    PermissionDenied,
+    QuotaExceeded,
     SandboxNotRunning,
+    SandboxUnresponsive,
+    TooManyTransfers,
     Unsupported,
     ValidationFailed,
 )
@@ -41,6 +46,7 @@ from wire.logsafe import loggable
 from wire.processes import ProcessInfo, ProcessSignal, StartProcess
 from wire.sandboxes import (
     EXEC_EVENT,
+    EntryPage,
     ExecEvent,
     ExecRequest,
     FileEntry,
@@ -53,7 +59,6 @@ from wire.sandboxes import (
 
 log = logging.getLogger(__name__)
 
-_ENTRIES = TypeAdapter(list[FileEntry])
 _PROCESSES = TypeAdapter(list[ProcessInfo])
 #: node error code -> the gateway's error
 _ERRORS: dict[str, type[CorralError]] = {
@@ -80,10 +85,17 @@ _ERRORS: dict[str, type[CorralError]] = {
     "too_many_watchers": Conflict,
     "unsupported": Unsupported,
     "backend_unavailable": BackendUnavailable,
+    "permission_denied": PermissionDenied,
+    "disk_full": DiskFull,
+    "too_many_transfers": TooManyTransfers,
+    "sandbox_unresponsive": SandboxUnresponsive,
 }
 TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 #: bytes of a node's unexpected error message a log line keeps
 NODE_MESSAGE_LOGGED = 300
+#: a file call: each wait for a chunk (either way) or for the node's answer (a listing's
+#: page, a tree's removal) is bounded, not the whole transfer
+FILE_TIMEOUT = httpx.Timeout(90.0, connect=5.0)
 #: an idle connection to a node is closed by us before the node would close it
 #: (``runtimes.node.http.KEEP_ALIVE_S``): else a request can meet a connection closing
 IDLE_CONNECTION_S = 30.0
@@ -164,46 +176,96 @@ class NodeClient:
     async def delete_snapshot(self, snapshot_id: str, *, tenant_id: str) -> None:
         await self._call("DELETE", f"/snapshots/{snapshot_id}", params={"tenant_id": tenant_id})
 
-    async def read_file(self, sandbox_id: str, path: str, *, max_bytes: int) -> bytes:
-        params = {"path": path, "max_bytes": str(max_bytes)}
-        response = await self._call("GET", f"/sandboxes/{sandbox_id}/files", params=params)
-        return response.content
+    async def read_file(
+        self, sandbox_id: str, path: str, *, user: str | None, max_bytes: int
+    ) -> NodeFile:
+        """Open a file the node streams; its errors (not found, permission) come here,
+        before any byte."""
+        params = _params(path=path, user=user, max_bytes=str(max_bytes))
+        request = self._http.build_request(
+            "GET", f"/sandboxes/{sandbox_id}/files", params=params, timeout=FILE_TIMEOUT
+        )
+        try:
+            response = await self._http.send(request, stream=True)
+        except httpx.TransportError as exc:
+            raise NodeUnavailable(f"node {self.node_id} cannot be reached: {exc}") from exc
+        if response.status_code >= 400:
+            try:
+                await response.aread()
+            finally:
+                await response.aclose()
+            raise _error(response)
+        return NodeFile(response, self.node_id)
 
     async def write_file(
-        self, sandbox_id: str, path: str, data: bytes, *, user: str | None, mode: int | None
+        self,
+        sandbox_id: str,
+        path: str,
+        data: bytes | AsyncIterable[bytes],
+        *,
+        user: str | None,
+        mode: int | None,
     ) -> FileEntry:
-        params = {"path": path}
-        if user:
-            params["user"] = user
-        if mode is not None:
-            params["mode"] = format(mode, "o")
-        response = await self._call(
-            "PUT", f"/sandboxes/{sandbox_id}/files", params=params, content=data
-        )
+        """Write a file from ``data`` (chunks are streamed to the node as they come; if
+        they fail, that failure is raised, not the cut request's)."""
+        params = _params(path=path, user=user, mode=None if mode is None else format(mode, "o"))
+        source = _Source(data) if not isinstance(data, bytes) else None
+        try:
+            response = await self._call(
+                "PUT",
+                f"/sandboxes/{sandbox_id}/files",
+                params=params,
+                content=data if source is None else source,
+                timeout=FILE_TIMEOUT,
+            )
+        except Exception:
+            if source is not None and source.failure is not None:
+                raise source.failure from None
+            raise
         return FileEntry.model_validate_json(response.content)
 
-    async def stat(self, sandbox_id: str, path: str) -> FileEntry:
-        response = await self._call(
-            "GET", f"/sandboxes/{sandbox_id}/fs/stat", params={"path": path}
-        )
+    async def stat(self, sandbox_id: str, path: str, *, user: str | None = None) -> FileEntry:
+        params = _params(path=path, user=user)
+        response = await self._call("GET", f"/sandboxes/{sandbox_id}/fs/stat", params=params)
         return FileEntry.model_validate_json(response.content)
 
-    async def list_dir(self, sandbox_id: str, path: str, *, depth: int) -> list[FileEntry]:
-        params = {"path": path, "depth": str(depth)}
-        response = await self._call("GET", f"/sandboxes/{sandbox_id}/fs/list", params=params)
-        return _ENTRIES.validate_json(response.content)
+    async def list_dir(
+        self,
+        sandbox_id: str,
+        path: str,
+        *,
+        depth: int,
+        user: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> EntryPage:
+        """One page of a directory's entries (the node's pages are bounded)."""
+        params = _params(
+            path=path,
+            depth=str(depth),
+            user=user,
+            limit=None if limit is None else str(limit),
+            cursor=cursor,
+        )
+        response = await self._call(
+            "GET", f"/sandboxes/{sandbox_id}/fs/list", params=params, timeout=FILE_TIMEOUT
+        )
+        return EntryPage.model_validate_json(response.content)
 
     async def make_dir(self, sandbox_id: str, path: str, *, user: str | None) -> FileEntry:
         body = {"path": path, "user": user}
         response = await self._call("POST", f"/sandboxes/{sandbox_id}/fs/mkdir", json=body)
         return FileEntry.model_validate_json(response.content)
 
-    async def remove(self, sandbox_id: str, path: str) -> None:
-        await self._call("POST", f"/sandboxes/{sandbox_id}/fs/remove", json={"path": path})
+    async def remove(self, sandbox_id: str, path: str, *, user: str | None = None) -> None:
+        body = {"path": path, "user": user}
+        await self._call(
+            "POST", f"/sandboxes/{sandbox_id}/fs/remove", json=body, timeout=FILE_TIMEOUT
+        )
 
-    async def watch(self, sandbox_id: str, path: str) -> str:
-        """Start watching a directory; the watcher's id."""
-        body = {"path": path}
+    async def watch(self, sandbox_id: str, path: str, *, user: str | None = None) -> str:
+        """Start watching a directory (that ``user`` may read); the watcher's id."""
+        body = {"path": path, "user": user}
         response = await self._call("POST", f"/sandboxes/{sandbox_id}/watchers", json=body)
         return str(response.json()["watcher_id"])
 
@@ -214,9 +276,13 @@ class NodeClient:
     async def unwatch(self, sandbox_id: str, watcher_id: str) -> None:
         await self._call("DELETE", f"/sandboxes/{sandbox_id}/watchers/{watcher_id}")
 
-    async def move(self, sandbox_id: str, source: str, destination: str) -> FileEntry:
-        body = {"source": source, "destination": destination}
-        response = await self._call("POST", f"/sandboxes/{sandbox_id}/fs/move", json=body)
+    async def move(
+        self, sandbox_id: str, source: str, destination: str, *, user: str | None = None
+    ) -> FileEntry:
+        body = {"source": source, "destination": destination, "user": user}
+        response = await self._call(
+            "POST", f"/sandboxes/{sandbox_id}/fs/move", json=body, timeout=FILE_TIMEOUT
+        )
         return FileEntry.model_validate_json(response.content)
 
     # --- background processes (runtimes.sandboxes.processes) ---------------------------
@@ -264,6 +330,48 @@ class NodeClient:
             raise NodeUnavailable(f"node {self.node_id} cannot be reached: {exc}") from exc
 
 
+def _params(**given: str | None) -> dict[str, str]:
+    return {k: v for k, v in given.items() if v is not None}
+
+
+class _Source:
+    """An upload's chunks; a failure while they are read (the caller went away, the body
+    grew too large) is kept, to be raised instead of the request it cut."""
+
+    def __init__(self, chunks: AsyncIterable[bytes]) -> None:
+        self._chunks = chunks
+        self.failure: BaseException | None = None
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._chunks:
+                yield chunk
+        except BaseException as exc:
+            self.failure = exc
+            raise
+
+
+class NodeFile:
+    """A file's bytes as its node streams them; ``aclose`` releases the answer (read or
+    not)."""
+
+    def __init__(self, response: httpx.Response, node_id: str) -> None:
+        self._response = response
+        self._node_id = node_id
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._response.aiter_raw():
+                yield chunk
+        except httpx.TransportError as exc:
+            raise NodeUnavailable(f"node {self._node_id} cut the file: {exc}") from exc
+        finally:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._response.aclose()
+
+
 def _error(response: httpx.Response) -> CorralError:
     try:
         body = json.loads(response.content)
@@ -280,4 +388,7 @@ def _error(response: httpx.Response) -> CorralError:
             loggable(message, NODE_MESSAGE_LOGGED),
         )
         return NodeUnavailable(f"the node failed: {message}")
+    if issubclass(kind, QuotaExceeded):
+        retry = response.headers.get("retry-after", "1")
+        return kind(message, retry_after=float(retry) if retry.isdigit() else 1.0)
     return kind(message)

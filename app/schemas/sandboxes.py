@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from wire.sandboxes import ExecResult, FileEntry, NetworkPolicy
+from wire.sandboxes import MAX_PAGE, ExecResult, FileEntry, NetworkPolicy
 
 _ENV_KEY = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 _BACKEND = r"^[a-z][a-z0-9_-]{0,15}$"
@@ -183,22 +183,42 @@ class TimeoutBody(_Body):
     ttl_s: float = Field(gt=0, le=30 * 86400, description="the sandbox ends this long from now")
 
 
+_ACTS_AS = "who the call acts as (a name, uid or uid:gid); default: the sandbox's user"
+
+
 class PathQuery(_Body):
     path: str = Field(min_length=1, max_length=4096)
-    user: str | None = Field(None, max_length=64)
+    user: str | None = Field(None, max_length=64, description=_ACTS_AS)
     mode: str | None = Field(None, pattern=r"^[0-7]{3,4}$")
     depth: int = Field(1, ge=1, le=16)
 
 
+class ListQuery(_Body):
+    path: str = Field(min_length=1, max_length=4096)
+    user: str | None = Field(None, max_length=64, description=_ACTS_AS)
+    depth: int = Field(1, ge=1, le=16)
+    limit: int = Field(MAX_PAGE, ge=1, le=MAX_PAGE, description="entries in this page, at most")
+    cursor: str | None = Field(
+        None,
+        max_length=5600,
+        pattern=r"^[A-Za-z0-9_-]*$",
+        description="next_cursor of the previous page",
+    )
+
+
 class PathBody(_Body):
     path: str = Field(min_length=1, max_length=4096)
-    user: str | None = Field(None, max_length=64)
+    user: str | None = Field(None, max_length=64, description=_ACTS_AS)
 
 
 class MoveBody(_Body):
     source: str = Field(min_length=1, max_length=4096)
     destination: str = Field(min_length=1, max_length=4096)
+    user: str | None = Field(None, max_length=64, description=_ACTS_AS)
 
 
 class EntryList(BaseModel):
     entries: list[FileEntry]
+    next_cursor: str | None = Field(
+        None, description="pass as cursor for the next page (none: this is the last)"
+    )

@@ -138,6 +138,15 @@ class NodeSettings(BaseSettings):
     sandbox_create_wait_seconds: float = Field(
         30.0, gt=0, description="How long a create waits before it fails (503 no_capacity)."
     )
+    sandbox_transfers_per_tenant: int = Field(
+        8,
+        ge=1,
+        description="File transfers (downloads, uploads, listing pages) one tenant runs at "
+        "once on this node; more are refused with 429 too_many_transfers.",
+    )
+    sandbox_transfers_per_node: int = Field(
+        64, ge=1, description="File transfers this node runs at once over all tenants."
+    )
     sandbox_runtime: str = Field(
         "crun", pattern=r"^(crun|runc)$", description="The OCI runtime of container sandboxes."
     )

@@ -9,13 +9,17 @@ the node's API answers with (the gateway maps it to its own errors):
     SandboxError              500 sandbox_error
     ├── SandboxNotFound       404 sandbox_not_found
     ├── SandboxNotRunning     409 sandbox_not_running   (paused or stopped)
+    ├── SandboxUnresponsive   503 sandbox_unresponsive  (its init refused or did not answer)
     ├── SandboxPathError      400 invalid_path
     │   ├── PathNotFound      404 path_not_found
     │   ├── PathExists        409 path_exists
-    │   └── NotADirectory     400 not_a_directory
+    │   ├── NotADirectory     400 not_a_directory
+    │   └── PermissionDenied  403 permission_denied     (for the user the call acts as)
     ├── SnapshotNotFound      404 snapshot_not_found
     ├── SnapshotInUse         409 snapshot_in_use
     ├── FileTooLarge          413 file_too_large
+    ├── DiskFull              507 disk_full             (the sandbox's disk or memory)
+    ├── TooManyTransfers      429 too_many_transfers    (Retry-After)
     ├── ImageUnavailable      404 image_not_found
     ├── ImageFetchFailed      503 image_fetch_failed    (from the control plane)
     ├── NodeFull              503 no_capacity
@@ -26,12 +30,14 @@ the node's API answers with (the gateway maps it to its own errors):
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from wire.sandboxes import (
+    MAX_PAGE,
+    EntryPage,
     ExecEvent,
     ExecRequest,
     FileEntry,
@@ -48,6 +54,9 @@ class SandboxError(Exception):
     status: ClassVar[int] = 500
     code: ClassVar[str] = "sandbox_error"
 
+    def headers(self) -> dict[str, str]:
+        return {}
+
 
 class SandboxNotFound(SandboxError):
     status, code = 404, "sandbox_not_found"
@@ -55,6 +64,13 @@ class SandboxNotFound(SandboxError):
 
 class SandboxNotRunning(SandboxError):
     status, code = 409, "sandbox_not_running"
+
+
+class SandboxUnresponsive(SandboxError):
+    """The sandbox's init could not start the call (its processes are at their limit) or
+    did not answer in time."""
+
+    status, code = 503, "sandbox_unresponsive"
 
 
 class SandboxPathError(SandboxError):
@@ -71,6 +87,12 @@ class PathExists(SandboxPathError):
 
 class NotADirectory(SandboxPathError):
     status, code = 400, "not_a_directory"
+
+
+class PermissionDenied(SandboxPathError):
+    """The user a file call acts as may not do it (the kernel said so, inside the sandbox)."""
+
+    status, code = 403, "permission_denied"
 
 
 class SnapshotNotFound(SandboxError):
@@ -91,6 +113,21 @@ class FileTooLarge(SandboxError):
     status, code = 413, "file_too_large"
 
 
+class DiskFull(SandboxError):
+    """A write found the sandbox's disk (or the memory its RAM disk is charged to) full."""
+
+    status, code = 507, "disk_full"
+
+
+class TooManyTransfers(SandboxError):
+    """The tenant (or the node) has its most file transfers running; retry shortly."""
+
+    status, code = 429, "too_many_transfers"
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": "1"}
+
+
 class ImageUnavailable(SandboxError):
     status, code = 404, "image_not_found"
 
@@ -107,6 +144,20 @@ class BackendUnavailable(SandboxError):
 
 class Unsupported(SandboxError):
     status, code = 501, "unsupported"
+
+
+class FileStream(ABC):
+    """A file being read (``SandboxBackend.read_file``): its size when it was opened, then
+    its bytes in bounded chunks, as they come; ``close`` releases it, read or not."""
+
+    size: int
+
+    @abstractmethod
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The bytes; raises (a ``SandboxError``) when the read cannot be completed."""
+
+    @abstractmethod
+    async def close(self) -> None: ...
 
 
 class DirWatch(ABC):
@@ -208,37 +259,64 @@ class SandboxBackend(ABC):
     async def exec(self, sandbox_id: str, request: ExecRequest, *, default_user: str) -> Process:
         """Start a command; it runs until it exits, its timeout, or the sandbox ends."""
 
+    # File calls act as ``user`` (a name, a uid or "uid:gid"): inside the sandbox, with
+    # that user's permissions, never following a symlink to what that user cannot reach;
+    # nothing is chowned (a file a call creates is the user's, any other keeps its owner).
     @abstractmethod
-    async def read_file(self, sandbox_id: str, path: str, *, max_bytes: int) -> bytes: ...
+    async def read_file(
+        self, sandbox_id: str, path: str, *, user: str, max_bytes: int
+    ) -> FileStream:
+        """Open a regular file (``FileTooLarge`` past ``max_bytes``): its bytes stream."""
 
     @abstractmethod
     async def write_file(
-        self, sandbox_id: str, path: str, data: bytes, *, user: str, mode: int = 0o644
+        self,
+        sandbox_id: str,
+        path: str,
+        chunks: AsyncIterable[bytes],
+        *,
+        user: str,
+        mode: int = 0o644,
     ) -> FileEntry:
-        """Write a whole file (parents made as needed, owned by ``user``)."""
+        """Create (with ``mode``) or truncate a file, parents made as needed, and write
+        ``chunks`` to it as they come; the caller bounds their total."""
 
     @abstractmethod
-    async def list_dir(self, sandbox_id: str, path: str, *, depth: int = 1) -> list[FileEntry]: ...
+    async def list_dir(
+        self,
+        sandbox_id: str,
+        path: str,
+        *,
+        user: str,
+        depth: int = 1,
+        limit: int = MAX_PAGE,
+        cursor: str | None = None,
+    ) -> EntryPage:
+        """One page of a directory's entries (and theirs, down to ``depth`` levels), in a
+        stable order: at most ``limit`` after ``cursor`` (a page's ``next_cursor``)."""
 
     @abstractmethod
-    async def stat(self, sandbox_id: str, path: str) -> FileEntry: ...
+    async def stat(self, sandbox_id: str, path: str, *, user: str) -> FileEntry: ...
 
     @abstractmethod
     async def make_dir(self, sandbox_id: str, path: str, *, user: str) -> FileEntry:
         """Make a directory and its parents; ``PathExists`` if it exists already."""
 
     @abstractmethod
-    async def remove(self, sandbox_id: str, path: str) -> None:
+    async def remove(self, sandbox_id: str, path: str, *, user: str) -> None:
         """Remove a file or a whole directory tree."""
 
     @abstractmethod
-    async def move(self, sandbox_id: str, source: str, destination: str) -> FileEntry: ...
+    async def move(
+        self, sandbox_id: str, source: str, destination: str, *, user: str
+    ) -> FileEntry: ...
 
     @abstractmethod
     async def usage(self, sandbox_id: str) -> Usage: ...
 
-    async def watch_dir(self, sandbox_id: str, path: str) -> DirWatch:
-        """Watch one directory of the sandbox (not its subdirectories)."""
+    async def watch_dir(self, sandbox_id: str, path: str, *, user: str) -> DirWatch:
+        """Watch one directory of the sandbox (not its subdirectories) that ``user`` may
+        read."""
         raise Unsupported(f"the {self.name} backend cannot watch directories")
 
     @abstractmethod

@@ -8,14 +8,16 @@ streaming, records and timeouts without a container. Only with ``dev_mode``.
 from __future__ import annotations
 
 import asyncio
+import base64
 import posixpath
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runtimes.sandboxes import rooted
 from runtimes.sandboxes.base import (
+    FileStream,
     FileTooLarge,
     PathExists,
     PathNotFound,
@@ -29,6 +31,8 @@ from runtimes.sandboxes.base import (
     register,
 )
 from wire.sandboxes import (
+    MAX_PAGE,
+    EntryPage,
     ExecEvent,
     ExecExit,
     ExecOutput,
@@ -177,18 +181,33 @@ class FakeSandboxBackend(SandboxBackend):
             modified_at=time.time(),
         )
 
-    async def read_file(self, sandbox_id: str, path: str, *, max_bytes: int) -> bytes:
+    def _running(self, sandbox_id: str) -> _Sandbox:
         sandbox = self._get(sandbox_id)
+        if sandbox.paused:
+            raise SandboxNotRunning(f"sandbox {sandbox_id} is paused")
+        return sandbox
+
+    async def read_file(
+        self, sandbox_id: str, path: str, *, user: str, max_bytes: int
+    ) -> FileStream:
+        sandbox = self._running(sandbox_id)
         if path not in sandbox.files:
             raise PathNotFound(f"no such file or directory: {path}")
         if len(sandbox.files[path]) > max_bytes:
             raise FileTooLarge(f"{path} is over {max_bytes} bytes")
-        return sandbox.files[path]
+        return _BytesStream(sandbox.files[path])
 
     async def write_file(
-        self, sandbox_id: str, path: str, data: bytes, *, user: str, mode: int = 0o644
+        self,
+        sandbox_id: str,
+        path: str,
+        chunks: AsyncIterable[bytes],
+        *,
+        user: str,
+        mode: int = 0o644,
     ) -> FileEntry:
-        sandbox = self._get(sandbox_id)
+        sandbox = self._running(sandbox_id)
+        data = b"".join([chunk async for chunk in chunks])
         parent = posixpath.dirname(path)
         while parent not in sandbox.dirs:
             sandbox.dirs.add(parent)
@@ -196,34 +215,53 @@ class FakeSandboxBackend(SandboxBackend):
         sandbox.files[path] = data
         return self._entry(sandbox, path)
 
-    async def list_dir(self, sandbox_id: str, path: str, *, depth: int = 1) -> list[FileEntry]:
-        sandbox = self._get(sandbox_id)
+    async def list_dir(
+        self,
+        sandbox_id: str,
+        path: str,
+        *,
+        user: str,
+        depth: int = 1,
+        limit: int = MAX_PAGE,
+        cursor: str | None = None,
+    ) -> EntryPage:
+        sandbox = self._running(sandbox_id)
         if path not in sandbox.dirs:
             raise PathNotFound(f"no such directory: {path}")
         names = sorted(
             p for p in (*sandbox.dirs, *sandbox.files) if p != path and posixpath.dirname(p) == path
         )
-        return [self._entry(sandbox, p) for p in names]
+        padded = (cursor or "") + "=" * (-len(cursor or "") % 4)
+        last = base64.urlsafe_b64decode(padded).decode() if cursor else None
+        after = [p for p in names if last is None or p > last]
+        page = after[:limit]
+        more = len(after) > limit
+        return EntryPage(
+            entries=[self._entry(sandbox, p) for p in page],
+            next_cursor=(
+                base64.urlsafe_b64encode(page[-1].encode()).decode().rstrip("=") if more else None
+            ),
+        )
 
-    async def stat(self, sandbox_id: str, path: str) -> FileEntry:
-        return self._entry(self._get(sandbox_id), path)
+    async def stat(self, sandbox_id: str, path: str, *, user: str) -> FileEntry:
+        return self._entry(self._running(sandbox_id), path)
 
     async def make_dir(self, sandbox_id: str, path: str, *, user: str) -> FileEntry:
-        sandbox = self._get(sandbox_id)
+        sandbox = self._running(sandbox_id)
         if path in sandbox.dirs or path in sandbox.files:
             raise PathExists(f"already exists: {path}")
         sandbox.dirs.add(path)
         return self._entry(sandbox, path)
 
-    async def remove(self, sandbox_id: str, path: str) -> None:
-        sandbox = self._get(sandbox_id)
+    async def remove(self, sandbox_id: str, path: str, *, user: str) -> None:
+        sandbox = self._running(sandbox_id)
         if path not in sandbox.files and path not in sandbox.dirs:
             raise PathNotFound(f"no such file or directory: {path}")
         sandbox.files = {p: d for p, d in sandbox.files.items() if not _under(p, path)}
         sandbox.dirs = {p for p in sandbox.dirs if not _under(p, path)}
 
-    async def move(self, sandbox_id: str, source: str, destination: str) -> FileEntry:
-        sandbox = self._get(sandbox_id)
+    async def move(self, sandbox_id: str, source: str, destination: str, *, user: str) -> FileEntry:
+        sandbox = self._running(sandbox_id)
         if source not in sandbox.files:
             raise PathNotFound(f"no such file: {source}")
         sandbox.files[destination] = sandbox.files.pop(source)
@@ -248,6 +286,23 @@ class FakeSandboxBackend(SandboxBackend):
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
         self.snapshots.pop(snapshot_id, None)
+
+
+class _BytesStream(FileStream):
+    """A fake file's bytes, in chunks of at most ``CHUNK`` (as a real stream comes)."""
+
+    CHUNK = 1 << 16
+
+    def __init__(self, data: bytes) -> None:
+        self.size = len(data)
+        self._data = data
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        for at in range(0, len(self._data), self.CHUNK):
+            yield self._data[at : at + self.CHUNK]
+
+    async def close(self) -> None:
+        return None
 
 
 def _under(path: str, top: str) -> bool:

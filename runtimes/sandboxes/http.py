@@ -4,7 +4,10 @@ Served by the node's own listener beside ``/healthz`` (``runtimes.node.http``), 
 route needs ``Authorization: Bearer <node token>`` (the token gateways and nodes share;
 compared in constant time). Bodies are ``wire.sandboxes`` models; errors are
 ``{"error": code, "message": ...}`` with the ``SandboxError``'s status. ``exec`` answers
-NDJSON: one ``ExecEvent`` per line as it happens, the ``exit`` event last.
+NDJSON: one ``ExecEvent`` per line as it happens, the ``exit`` event last. File calls act
+as ``user`` (default: the sandbox's user; ``SandboxBackend`` says what that means); file
+bytes stream both ways in bounded chunks; downloads, uploads and listing pages count
+against the node's transfer bounds (``runtimes.sandboxes.transfers``).
 
     POST   /sandboxes                       SandboxSpec -> SandboxStatus
     GET    /sandboxes                       -> SandboxInventory
@@ -13,13 +16,13 @@ NDJSON: one ``ExecEvent`` per line as it happens, the ``exit`` event last.
     POST   /sandboxes/{id}/pause|resume     -> SandboxStatus
     POST   /sandboxes/{id}/timeout          {"ttl_s"} -> SandboxStatus
     POST   /sandboxes/{id}/exec             ExecRequest -> NDJSON ExecEvents
-    GET    /sandboxes/{id}/files?path=      -> bytes
-    PUT    /sandboxes/{id}/files?path=&user=&mode=   bytes -> FileEntry
-    GET    /sandboxes/{id}/fs/stat?path=    -> FileEntry
-    GET    /sandboxes/{id}/fs/list?path=&depth=      -> [FileEntry]
+    GET    /sandboxes/{id}/files?path=&user=&max_bytes=   -> the bytes, streamed
+    PUT    /sandboxes/{id}/files?path=&user=&mode=   bytes (streamed) -> FileEntry
+    GET    /sandboxes/{id}/fs/stat?path=&user=       -> FileEntry
+    GET    /sandboxes/{id}/fs/list?path=&user=&depth=&limit=&cursor=   -> EntryPage
     POST   /sandboxes/{id}/fs/mkdir         {"path", "user"} -> FileEntry
-    POST   /sandboxes/{id}/fs/remove        {"path"}
-    POST   /sandboxes/{id}/fs/move          {"source", "destination"} -> FileEntry
+    POST   /sandboxes/{id}/fs/remove        {"path", "user"}
+    POST   /sandboxes/{id}/fs/move          {"source", "destination", "user"} -> FileEntry
     POST   /sandboxes/{id}/snapshot         {"snapshot_id"} -> SnapshotInfo
     GET    /snapshots                       -> [SnapshotInfo]
     DELETE /snapshots/{snapshot_id}?tenant_id=
@@ -38,13 +41,15 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from runtimes.sandboxes import rooted
-from runtimes.sandboxes.base import SandboxError
+from runtimes.sandboxes.base import FileStream, SandboxError
 from runtimes.sandboxes.manager import SandboxManager
 from runtimes.sandboxes.processes import ProcessTable, process_routes
+from runtimes.sandboxes.transfers import Slot, TransferSlots
 from runtimes.sandboxes.watch import WatcherTable, watcher_routes
-from wire.sandboxes import ExecRequest, SandboxInventory, SandboxSpec
+from wire.sandboxes import MAX_PAGE, ExecRequest, SandboxInventory, SandboxSpec
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +70,8 @@ def _json(model: BaseModel | list[Any] | dict[str, Any], status: int = 200) -> R
     return JSONResponse(body, status_code=status)
 
 
-def _error(status: int, code: str, message: str) -> Response:
-    return JSONResponse({"error": code, "message": message}, status_code=status)
+def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Response:
+    return JSONResponse({"error": code, "message": message}, status_code=status, headers=headers)
 
 
 async def _body(request: Request, limit: int = MAX_SPEC_BYTES) -> bytes:
@@ -84,8 +89,45 @@ class SandboxBodyTooLarge(SandboxError):
     status, code = 413, "payload_too_large"
 
 
-def sandbox_routes(manager: SandboxManager, token: str, *, node_id: str) -> list[Route]:
+async def _bounded(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
+    """``chunks``, refused (``SandboxBodyTooLarge``) once they pass ``limit`` bytes."""
+    size = 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > limit:
+            raise SandboxBodyTooLarge(f"the body is over {limit} bytes")
+        if chunk:
+            yield chunk
+
+
+class _FileResponse(StreamingResponse):
+    """A file's bytes as they are read; the stream and its transfer slot are released when
+    the answer ends, however it ends (sent, cut, or never started)."""
+
+    def __init__(self, stream: FileStream, slot: Slot) -> None:
+        super().__init__(stream.chunks(), media_type="application/octet-stream")
+        self._stream = stream
+        self._slot = slot
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            try:
+                await self._stream.close()
+            finally:
+                self._slot.release()
+
+
+def sandbox_routes(
+    manager: SandboxManager,
+    token: str,
+    *,
+    node_id: str,
+    transfers: TransferSlots | None = None,
+) -> list[Route]:
     expected = f"Bearer {token}".encode()
+    slots = transfers or TransferSlots()
 
     def guarded(handler: Handler) -> Handler:
         async def run(request: Request) -> Response:
@@ -95,7 +137,7 @@ def sandbox_routes(manager: SandboxManager, token: str, *, node_id: str) -> list
             try:
                 return await handler(request)
             except SandboxError as exc:
-                return _error(exc.status, exc.code, str(exc))
+                return _error(exc.status, exc.code, str(exc), exc.headers())
             except ValidationError as exc:
                 detail = "; ".join(
                     f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()
@@ -148,50 +190,83 @@ def sandbox_routes(manager: SandboxManager, token: str, *, node_id: str) -> list
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
 
+    def user_of(request: Request, spec: SandboxSpec, given: object = None) -> str:
+        named = given if given is not None else request.query_params.get("user")
+        if named is not None and not isinstance(named, str):
+            raise ValueError("user must be a string")
+        return named or spec.user
+
     async def read_file(request: Request) -> Response:
-        backend, _ = manager.backend_of(sid(request))
+        backend, spec = manager.backend_of(sid(request))
         limit = min(int(request.query_params.get("max_bytes", MAX_FILE_BYTES)), MAX_FILE_BYTES)
-        data = await backend.read_file(sid(request), path_of(request), max_bytes=limit)
-        return Response(data, media_type="application/octet-stream")
+        user, path = user_of(request, spec), path_of(request)
+        slot = slots.take(spec.tenant_id)
+        try:
+            stream = await backend.read_file(sid(request), path, user=user, max_bytes=limit)
+        except BaseException:
+            slot.release()
+            raise
+        return _FileResponse(stream, slot)
 
     async def write_file(request: Request) -> Response:
         backend, spec = manager.backend_of(sid(request))
-        data = await _body(request, MAX_FILE_BYTES)
-        user = request.query_params.get("user") or spec.user
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_FILE_BYTES:
+            raise SandboxBodyTooLarge(f"a file is at most {MAX_FILE_BYTES} bytes")
+        user, path = user_of(request, spec), path_of(request)
         mode = int(request.query_params.get("mode", "644"), 8)
-        entry = await backend.write_file(
-            sid(request), path_of(request), data, user=user, mode=mode & 0o7777
-        )
+        with slots.take(spec.tenant_id):
+            entry = await backend.write_file(
+                sid(request),
+                path,
+                _bounded(request.stream(), MAX_FILE_BYTES),
+                user=user,
+                mode=mode & 0o7777,
+            )
         return _json(entry)
 
     async def stat(request: Request) -> Response:
-        backend, _ = manager.backend_of(sid(request))
-        return _json(await backend.stat(sid(request), path_of(request)))
+        backend, spec = manager.backend_of(sid(request))
+        entry = await backend.stat(sid(request), path_of(request), user=user_of(request, spec))
+        return _json(entry)
 
     async def list_dir(request: Request) -> Response:
-        backend, _ = manager.backend_of(sid(request))
+        backend, spec = manager.backend_of(sid(request))
         depth = max(1, min(int(request.query_params.get("depth", "1")), 16))
-        return _json(await backend.list_dir(sid(request), path_of(request), depth=depth))
+        limit = max(1, min(int(request.query_params.get("limit", MAX_PAGE)), MAX_PAGE))
+        cursor = request.query_params.get("cursor") or None
+        with slots.take(spec.tenant_id):
+            page = await backend.list_dir(
+                sid(request),
+                path_of(request),
+                user=user_of(request, spec),
+                depth=depth,
+                limit=limit,
+                cursor=cursor,
+            )
+        return _json(page)
 
     async def mkdir(request: Request) -> Response:
         backend, spec = manager.backend_of(sid(request))
         body = json.loads(await _body(request))
         path = rooted.normalise(str(body["path"]))
-        user = str(body.get("user") or spec.user)
+        user = user_of(request, spec, body.get("user"))
         return _json(await backend.make_dir(sid(request), path, user=user))
 
     async def remove(request: Request) -> Response:
-        backend, _ = manager.backend_of(sid(request))
+        backend, spec = manager.backend_of(sid(request))
         body = json.loads(await _body(request))
-        await backend.remove(sid(request), rooted.normalise(str(body["path"])))
+        user = user_of(request, spec, body.get("user"))
+        await backend.remove(sid(request), rooted.normalise(str(body["path"])), user=user)
         return Response(status_code=204)
 
     async def move(request: Request) -> Response:
-        backend, _ = manager.backend_of(sid(request))
+        backend, spec = manager.backend_of(sid(request))
         body = json.loads(await _body(request))
         source = rooted.normalise(str(body["source"]))
         destination = rooted.normalise(str(body["destination"]))
-        return _json(await backend.move(sid(request), source, destination))
+        user = user_of(request, spec, body.get("user"))
+        return _json(await backend.move(sid(request), source, destination, user=user))
 
     async def snapshot(request: Request) -> Response:
         body = json.loads(await _body(request))

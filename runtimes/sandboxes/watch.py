@@ -9,7 +9,7 @@ watch whose sandbox has ended, or that nobody has read for ``IDLE_S``, is closed
 
 Routes (added to the node's sandbox API by ``runtimes.sandboxes.http``, same token):
 
-    POST   /sandboxes/{id}/watchers                {"path"} -> {"watcher_id"}
+    POST   /sandboxes/{id}/watchers                {"path", "user"} -> {"watcher_id"}
     GET    /sandboxes/{id}/watchers/{watcher_id}   -> WatchEvents (and empties it)
     DELETE /sandboxes/{id}/watchers/{watcher_id}
 """
@@ -57,12 +57,12 @@ class WatcherTable:
         self._watchers: dict[str, _Watcher] = {}
         manager.on_close(self.close)
 
-    async def create(self, sandbox_id: str, path: str) -> str:
+    async def create(self, sandbox_id: str, path: str, user: str | None = None) -> str:
         self._sweep()
-        backend, _ = self._manager.backend_of(sandbox_id)
+        backend, spec = self._manager.backend_of(sandbox_id)
         if sum(w.sandbox_id == sandbox_id for w in self._watchers.values()) >= MAX_PER_SANDBOX:
             raise TooManyWatchers(f"sandbox {sandbox_id} has {MAX_PER_SANDBOX} watchers")
-        watch = await backend.watch_dir(sandbox_id, path)
+        watch = await backend.watch_dir(sandbox_id, path, user=user or spec.user)
         watcher_id = secrets.token_hex(8)
         self._watchers[watcher_id] = _Watcher(sandbox_id, watch)
         log.info("sandbox=%s: watching %s (%s)", sandbox_id, path, watcher_id)
@@ -113,8 +113,11 @@ def watcher_routes(table: WatcherTable) -> list[tuple[str, Handler, list[str]]]:
         path = body.get("path") if isinstance(body, dict) else None
         if not isinstance(path, str) or not path.startswith("/"):
             raise SandboxPathError("path must be an absolute path")
+        user = body.get("user") if isinstance(body, dict) else None
+        if user is not None and not isinstance(user, str):
+            raise SandboxPathError("user must be a string")
         sandbox_id = str(request.path_params["sandbox_id"])
-        return JSONResponse({"watcher_id": await table.create(sandbox_id, path)}, 201)
+        return JSONResponse({"watcher_id": await table.create(sandbox_id, path, user)}, 201)
 
     async def events(request: Request) -> Response:
         body = table.events(*ids(request)).model_dump_json()

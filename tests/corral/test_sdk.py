@@ -92,6 +92,21 @@ def test_files(client: Corral) -> None:
     assert sbx.state == "stopped"  # the block's end destroyed it
 
 
+def test_a_listing_in_pages_is_gathered_by_the_sdk(
+    client: Corral, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runtimes.sandboxes import http
+
+    monkeypatch.setattr(http, "MAX_PAGE", 2)  # the node (in this process) pages by two
+    with client.sandboxes.create(backend="fake") as sbx:
+        for name in ("c", "a", "bb", "d", "e"):
+            sbx.files.write(f"/home/user/{name}", name)
+        assert [e.name for e in sbx.files.list("/home/user")] == ["a", "bb", "c", "d", "e"]
+        one = f"/v1/sandboxes/{sbx.id}/files/list"
+        page = client._json("GET", one, params={"path": "/home/user"})
+        assert len(page["entries"]) == 2 and page["next_cursor"]
+
+
 def test_streaming_calls_back_with_each_chunk(client: Corral) -> None:
     with client.sandboxes.create(backend="fake") as sbx:
         sbx.files.write("/home/user/a", "one\ntwo\n")

@@ -34,6 +34,7 @@ import os
 import shutil
 import stat
 import time
+from collections.abc import AsyncIterable, AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -42,23 +43,28 @@ from runtimes.sandboxes import rooted
 from runtimes.sandboxes.base import (
     BackendUnavailable,
     DirWatch,
+    DiskFull,
+    FileStream,
     RootImage,
     SandboxBackend,
     SandboxError,
     SandboxNotFound,
     SandboxNotRunning,
+    SandboxPathError,
+    SandboxUnresponsive,
     SnapshotFiles,
     Usage,
 )
 from runtimes.sandboxes.crun import bundle, freezer, mounts, spawn
+from runtimes.sandboxes.crun.fileops import InitFiles
 from runtimes.sandboxes.crun.lxcfs import Lxcfs
 from runtimes.sandboxes.crun.process import Child, CrunProcess
 from runtimes.sandboxes.crun.uidranges import IdRange, UidRanges
 from runtimes.sandboxes.crun.userns import UserNamespaces
 from runtimes.sandboxes.inotify import InotifyWatch
 from runtimes.sandboxes.network import Attachment, Network
-from runtimes.sandboxes.rooted import Account, RootedFS
-from wire.sandboxes import ExecRequest, FileEntry, Phases, SandboxSpec
+from runtimes.sandboxes.rooted import ROOT, Account
+from wire.sandboxes import MAX_PAGE, EntryPage, ExecRequest, FileEntry, Phases, SandboxSpec
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +120,6 @@ class CrunBackend(SandboxBackend):
         self._binary: str | None = None
         self._processes: dict[str, set[CrunProcess]] = {}
         self._meta: dict[str, dict[str, Any]] = {}
-        self._accounts: dict[tuple[str, str], tuple[tuple[float, int], Account]] = {}
 
     # --- set-up -----------------------------------------------------------------------
     async def start(self) -> list[str]:
@@ -306,10 +311,14 @@ class CrunBackend(SandboxBackend):
             views=self.lxcfs.views(),
         )
         _write_private(directory / "config.json", json.dumps(config))
-        meta: dict[str, Any] = {"digest": image.digest, "env": {**dict(image.env), **spec.env}}
+        meta: dict[str, Any] = {
+            "digest": image.digest,
+            "env": {**dict(image.env), **spec.env},
+            "users": {a.name: [a.uid, a.gid, a.home] for a in image_users(image).values()},
+            "rootfs": str(rootfs),
+        }
         if ids is not None:
             meta["ids"] = {"slot": ids.slot, "first": ids.first, "size": ids.size}
-        meta["rootfs"] = str(rootfs)
         _write_private(directory / "sandbox.json", json.dumps(meta))
 
     async def claim(self, warm_id: str, spec: SandboxSpec) -> None:
@@ -338,9 +347,7 @@ class CrunBackend(SandboxBackend):
         try:
             (directory / NETWORK_FILE).write_text(attachment.to_json())
             if attachment.hosts:
-                await asyncio.to_thread(
-                    _add_hosts, await self._fs(spec.sandbox_id), attachment.hosts
-                )
+                await self._add_hosts(spec.sandbox_id, attachment.hosts)
         except BaseException:
             await asyncio.shield(self.network.detach(attachment))
             raise
@@ -384,8 +391,6 @@ class CrunBackend(SandboxBackend):
         cid = self._cid(sandbox_id)
         directory = self.root / cid
         self._meta.pop(sandbox_id, None)
-        for key in [k for k in self._accounts if k[0] == sandbox_id]:
-            del self._accounts[key]
         for process in list(self._processes.pop(sandbox_id, ())):
             await process.kill()
         try:
@@ -466,12 +471,11 @@ class CrunBackend(SandboxBackend):
         return str(state.get("status", "unknown")) if isinstance(state, dict) else "unknown"
 
     # --- commands ---------------------------------------------------------------------
-    def _exec_context(
-        self, sandbox_id: str, directory: Path, user: str
-    ) -> tuple[dict[str, Any], Account]:
-        """The sandbox's saved settings and ``user``'s account, cached while the sandbox's
-        /etc/passwd is unchanged; the kernel's freezer says whether it can run commands
-        (no runtime command on the hot path)."""
+    def _runnable(self, sandbox_id: str) -> dict[str, Any]:
+        """The sandbox's saved settings, once the kernel's freezer says it can run
+        commands and file calls (no runtime command on the hot path): a paused sandbox is
+        refused at once, never waited for."""
+        directory = self._dir(sandbox_id)
         freezer = self._cgroup("freezer", sandbox_id) / "freezer.state"
         try:
             state = freezer.read_text().strip()
@@ -494,27 +498,47 @@ class CrunBackend(SandboxBackend):
         meta = self._meta.get(sandbox_id)
         if meta is None:
             meta = self._meta[sandbox_id] = json.loads((directory / "sandbox.json").read_text())
-        fs = RootedFS(Path(meta["rootfs"]) if "rootfs" in meta else directory / "rootfs")
-        try:
-            passwd = fs.stat("/etc/passwd")
-            version: tuple[float, int] = (passwd.modified_at, passwd.size)
-        except SandboxError:
-            version = (0.0, -1)
-        key = (sandbox_id, user)
-        cached = self._accounts.get(key)
-        if cached is not None and cached[0] == version:
-            return meta, cached[1]
-        account = fs.account(user)
-        self._accounts[key] = (version, account)
-        return meta, account
+        return meta
+
+    async def _account(self, sandbox_id: str, meta: dict[str, Any], user: str) -> Account:
+        """Who ``user`` is in the sandbox: ``root``, a name, ``uid`` or ``uid:gid``. Names
+        are looked up in the image's /etc/passwd (recorded at creation: the sandbox cannot
+        change what they mean), then in the sandbox's own (users it added, read by its
+        init as root); a number needs no account."""
+        image = {
+            name: Account(name, int(ids[0]), int(ids[1]), str(ids[2]))
+            for name, ids in meta.get("users", {}).items()
+        }
+        found = rooted.find(user, image)
+        if found is not None:
+            return found
+        ids = rooted.numeric(user)
+        if ids is None or ids[1] is None:
+            spawner = self._dir(sandbox_id) / spawn.SOCKET_NAME
+            live: dict[str, Account] = {}
+            if spawner.exists():
+                files = InitFiles(spawner, sandbox_id)
+                with contextlib.suppress(SandboxPathError):
+                    text = await files.read_small(
+                        "/etc/passwd", ROOT, max_bytes=rooted.MAX_PASSWD_BYTES
+                    )
+                    live = rooted.parse_passwd(text.decode("utf-8", "replace"))
+            found = rooted.find(user, live)
+            if found is not None:
+                return found
+        if ids is not None:
+            uid, gid = ids
+            return Account(str(uid), uid, uid if gid is None else gid, "/")
+        if user == "root":
+            return ROOT
+        raise SandboxPathError(f"no user {user!r} in the sandbox")
 
     async def exec(
         self, sandbox_id: str, request: ExecRequest, *, default_user: str
     ) -> CrunProcess:
         directory = self._dir(sandbox_id)
-        meta, account = await asyncio.to_thread(
-            self._exec_context, sandbox_id, directory, request.user or default_user
-        )
+        meta = self._runnable(sandbox_id)
+        account = await self._account(sandbox_id, meta, request.user or default_user)
         env = {
             "PATH": bundle.DEFAULT_PATH,
             "HOME": account.home,
@@ -528,7 +552,13 @@ class CrunBackend(SandboxBackend):
         spawner = directory / spawn.SOCKET_NAME
         if spawner.exists():
             spawned = await spawn.spawn(
-                spawner, request.cmd, env=env, uid=account.uid, gid=account.gid, cwd=cwd
+                spawner,
+                request.cmd,
+                env=env,
+                uid=account.uid,
+                gid=account.gid,
+                cwd=cwd,
+                sandbox_id=sandbox_id,
             )
             return await self._started(sandbox_id, spawned, spawned.pid, request)
         spec = bundle.process(
@@ -590,53 +620,103 @@ class CrunBackend(SandboxBackend):
         return process
 
     # --- files --------------------------------------------------------------------------
-    async def _fs(self, sandbox_id: str) -> RootedFS:
-        directory = self._dir(sandbox_id)
-        if not (directory / "config.json").exists():
-            raise SandboxNotFound(f"no sandbox {sandbox_id}")
-        ids = self._ids_of(directory)
-        return RootedFS(self.rootfs(sandbox_id), id_offset=0 if ids is None else ids.first)
+    async def _files(self, sandbox_id: str, user: str) -> tuple[InitFiles, Account]:
+        """The sandbox's init, to make file calls as ``user`` (refused at once if paused)."""
+        meta = self._runnable(sandbox_id)
+        account = await self._account(sandbox_id, meta, user)
+        return InitFiles(self._dir(sandbox_id) / spawn.SOCKET_NAME, sandbox_id), account
 
-    async def watch_dir(self, sandbox_id: str, path: str) -> DirWatch:
-        fs = await self._fs(sandbox_id)
-        with fs.directory(rooted.normalise(path)) as directory:
+    async def watch_dir(self, sandbox_id: str, path: str, *, user: str) -> DirWatch:
+        files, who = await self._files(sandbox_id, user)
+        directory = await files.open_dir(rooted.normalise(path), who)
+        try:
             return InotifyWatch(directory)
+        finally:
+            os.close(directory)
 
-    async def _account(self, fs: RootedFS, user: str) -> Account:
-        return await asyncio.to_thread(fs.account, user)
-
-    async def read_file(self, sandbox_id: str, path: str, *, max_bytes: int) -> bytes:
-        fs = await self._fs(sandbox_id)
-        return await asyncio.to_thread(fs.read, path, max_bytes=max_bytes)
+    async def read_file(
+        self, sandbox_id: str, path: str, *, user: str, max_bytes: int
+    ) -> FileStream:
+        files, who = await self._files(sandbox_id, user)
+        return await files.read(path, who, max_bytes=max_bytes)
 
     async def write_file(
-        self, sandbox_id: str, path: str, data: bytes, *, user: str, mode: int = 0o644
+        self,
+        sandbox_id: str,
+        path: str,
+        chunks: AsyncIterable[bytes],
+        *,
+        user: str,
+        mode: int = 0o644,
     ) -> FileEntry:
-        fs = await self._fs(sandbox_id)
-        owner = await self._account(fs, user)
-        return await asyncio.to_thread(fs.write, path, data, owner=owner, mode=mode)
+        files, who = await self._files(sandbox_id, user)
+        kills = self._oom_kills(sandbox_id)
+        try:
+            return await files.write(path, who, chunks, mode=mode)
+        except SandboxUnresponsive:
+            if kills is None or self._oom_kills(sandbox_id) == kills:
+                raise
+            # the upload's pages are the sandbox's: its memory is full, and the OOM killer
+            # ended the call (corral-init makes it the first choice)
+            raise DiskFull("the sandbox's memory (which its disk counts against) is full") from None
 
-    async def list_dir(self, sandbox_id: str, path: str, *, depth: int = 1) -> list[FileEntry]:
-        fs = await self._fs(sandbox_id)
-        return await asyncio.to_thread(fs.list_dir, path, depth=depth)
+    def _oom_kills(self, sandbox_id: str) -> int | None:
+        """How many processes the OOM killer has killed in the sandbox."""
+        try:
+            control = (self._cgroup("memory", sandbox_id) / "memory.oom_control").read_text()
+        except OSError:
+            return None
+        counts = dict(line.split(maxsplit=1) for line in control.splitlines() if " " in line)
+        value = counts.get("oom_kill", "")
+        return int(value) if value.isdigit() else None
 
-    async def stat(self, sandbox_id: str, path: str) -> FileEntry:
-        fs = await self._fs(sandbox_id)
-        return await asyncio.to_thread(fs.stat, path)
+    async def list_dir(
+        self,
+        sandbox_id: str,
+        path: str,
+        *,
+        user: str,
+        depth: int = 1,
+        limit: int = MAX_PAGE,
+        cursor: str | None = None,
+    ) -> EntryPage:
+        files, who = await self._files(sandbox_id, user)
+        return await files.list_page(path, who, depth=depth, limit=limit, cursor=cursor)
+
+    async def stat(self, sandbox_id: str, path: str, *, user: str) -> FileEntry:
+        files, who = await self._files(sandbox_id, user)
+        return await files.stat(path, who)
 
     async def make_dir(self, sandbox_id: str, path: str, *, user: str) -> FileEntry:
-        fs = await self._fs(sandbox_id)
-        owner = await self._account(fs, user)
-        return await asyncio.to_thread(fs.make_dirs, path, owner=owner, exist_ok=False)
+        files, who = await self._files(sandbox_id, user)
+        return await files.make_dir(path, who)
 
-    async def remove(self, sandbox_id: str, path: str) -> None:
-        fs = await self._fs(sandbox_id)
-        await asyncio.to_thread(fs.remove, path)
+    async def remove(self, sandbox_id: str, path: str, *, user: str) -> None:
+        if path == "/":
+            raise SandboxPathError("the sandbox's root itself cannot be removed")
+        files, who = await self._files(sandbox_id, user)
+        await files.remove(path, who)
 
-    async def move(self, sandbox_id: str, source: str, destination: str) -> FileEntry:
-        fs = await self._fs(sandbox_id)
-        owner = await self._account(fs, "root")
-        return await asyncio.to_thread(fs.move, source, destination, owner=owner)
+    async def move(self, sandbox_id: str, source: str, destination: str, *, user: str) -> FileEntry:
+        if "/" in (source, destination):
+            raise SandboxPathError("the sandbox's root itself cannot be moved")
+        files, who = await self._files(sandbox_id, user)
+        return await files.move(source, destination, who)
+
+    async def _add_hosts(self, sandbox_id: str, hosts: dict[str, list[str]]) -> None:
+        """The allow list's host names, as the node resolved them, in the sandbox's
+        /etc/hosts (its programs connect to the addresses the rules allow); written by the
+        sandbox's init as its root, as every write into a sandbox is."""
+        files = InitFiles(self._dir(sandbox_id) / spawn.SOCKET_NAME, sandbox_id)
+        try:
+            current = await files.read_small("/etc/hosts", ROOT, max_bytes=1 << 20)
+        except SandboxError:
+            current = b"127.0.0.1\tlocalhost\n"
+        lines = "".join(
+            f"{address}\t{name}\n" for name, addrs in hosts.items() for address in addrs
+        )
+        data = current + (b"" if current.endswith(b"\n") else b"\n") + lines.encode()
+        await files.write("/etc/hosts", ROOT, _once(data), mode=0o644)
 
     async def usage(self, sandbox_id: str) -> Usage:
         directory = self._dir(sandbox_id)
@@ -771,16 +851,13 @@ def _attachment(directory: Path) -> Attachment | None:
         return None
 
 
-def _add_hosts(fs: RootedFS, hosts: dict[str, list[str]]) -> None:
-    """The allow list's host names, as the node resolved them, in the sandbox's
-    /etc/hosts (its programs connect to the addresses the rules allow)."""
-    try:
-        current = fs.read("/etc/hosts", max_bytes=1 << 20)
-    except SandboxError:
-        current = b"127.0.0.1\tlocalhost\n"
-    lines = "".join(f"{address}\t{name}\n" for name, addrs in hosts.items() for address in addrs)
-    data = current + (b"" if current.endswith(b"\n") else b"\n") + lines.encode()
-    fs.write("/etc/hosts", data, owner=Account(name="root", uid=0, gid=0, home="/root"))
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+def image_users(image: RootImage) -> dict[str, Account]:
+    """The accounts of a sandbox's image (its base tree, trusted: never a snapshot's)."""
+    return rooted.image_accounts(image.rootfs)
 
 
 def _write_private(path: Path, text: str) -> None:

@@ -23,18 +23,20 @@ import struct
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-from runtimes.sandboxes.base import SandboxError
+from runtimes.sandboxes.base import SandboxUnresponsive
 
 SOCKET_NAME = "spawn.sock"
 _UCRED = struct.Struct("iII")
+#: the longest wait for the sandbox's init to take a command and start it
+START_S = 10.0
 
 
-class SpawnRefused(SandboxError):
-    pass
+class SpawnRefused(SandboxUnresponsive):
+    """The sandbox's init could not start the command (its processes are at their limit)."""
 
 
 @contextlib.contextmanager
-def _short(path: Path) -> Iterator[str]:
+def short_address(path: Path) -> Iterator[str]:
     """``path`` as a Unix socket address within the 108 bytes one may have (through the
     directory's descriptor: a data dir may be deep)."""
     directory = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -50,7 +52,7 @@ def listener(path: Path) -> socket.socket:
     path.unlink(missing_ok=True)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        with _short(path) as address:
+        with short_address(path) as address:
             sock.bind(address)
         os.chmod(path, 0o600)
         sock.listen(256)
@@ -108,16 +110,26 @@ class Spawned:
                     pid = _UCRED.unpack(payload[: _UCRED.size])[0]
             return data, pid
 
-    async def _started(self) -> None:
-        """Wait for the command's 'P' (or its end, if it never got that far)."""
-        data, pid = await self._receive(1)
+    async def _started(self, sandbox: str) -> None:
+        """Wait for the command's 'P' (or its end, if it never got that far), at most
+        ``START_S``: an init that does not answer fails the exec, it does not hang it."""
+        try:
+            async with asyncio.timeout(START_S):
+                data, pid = await self._receive(1)
+        except TimeoutError:
+            raise SandboxUnresponsive(
+                f"{sandbox}'s init did not start the command within {START_S:g} s"
+            ) from None
         if data == b"P" and pid:
             self.pid = pid
             self._watcher = asyncio.create_task(self._watch(b""))
         else:
             self._watcher = asyncio.create_task(self._watch(data))
             if data[:1] == b"E":
-                raise SpawnRefused("the sandbox's init could not start the command")
+                raise SpawnRefused(
+                    f"{sandbox}'s init could not start the command "
+                    "(its processes may be at their limit)"
+                )
 
     async def _watch(self, pending: bytes) -> None:
         try:
@@ -155,8 +167,10 @@ async def spawn(
     uid: int,
     gid: int,
     cwd: str,
+    sandbox_id: str | None = None,
 ) -> Spawned:
-    """Start ``argv`` in the sandbox whose init listens at ``path``."""
+    """Start ``argv`` in the sandbox (``sandbox_id``) whose init listens at ``path``."""
+    name = f"sandbox {sandbox_id or path.parent.name}"
     loop = asyncio.get_running_loop()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
@@ -164,8 +178,14 @@ async def spawn(
     ours: list[int] = []
     theirs: list[int] = []
     try:
-        with _short(path) as address:
-            await loop.sock_connect(sock, address)
+        with short_address(path) as address:
+            try:
+                async with asyncio.timeout(START_S):
+                    await loop.sock_connect(sock, address)
+            except TimeoutError:
+                raise SandboxUnresponsive(
+                    f"{name}'s init did not take the command within {START_S:g} s"
+                ) from None
         for node_reads in (False, True, True):
             read_end, write_end = os.pipe2(os.O_CLOEXEC)
             ours.append(read_end if node_reads else write_end)
@@ -195,7 +215,7 @@ async def spawn(
             reading, _ = await loop.connect_read_pipe(_protocol_of(reader, loop), pipe)
             process._transports.append(reading)
         process.stdout, process.stderr = readers
-        await process._started()
+        await process._started(name)
     except BaseException:
         process.close()
         for pipe in pipes[len(process._transports) :]:

@@ -105,3 +105,60 @@ async def test_the_async_sdk_streams_watch_events(corral: Corral) -> None:
         await handle.stop()
     finally:
         await sbx.kill()
+
+
+def test_the_reviews_symlinks_get_permission_denied_through_the_sdk(corral: Corral) -> None:
+    """The review's reproduction #7 as it was run: the agent's symlinks, then the
+    harness's routine ``files.write`` and ``files.read`` as the default user."""
+    from e2b import SandboxException
+
+    sbx = Sandbox.create(template="python", timeout=120)
+    try:
+        sbx.commands.run("echo hidden > /root/.secret; chmod 600 /root/.secret", user="root")
+        passwd = sbx.commands.run("cat /etc/passwd").stdout
+        sbx.commands.run("ln -s /etc/passwd ~/notes.txt; ln -s /root/.secret ~/answer.txt")
+        with pytest.raises(SandboxException, match="ermission denied"):
+            sbx.files.write("/home/user/notes.txt", "user:x:0:0::/home/user:/bin/bash\n")
+        with pytest.raises(SandboxException, match="ermission denied"):
+            sbx.files.read("/home/user/answer.txt")
+        with pytest.raises(SandboxException, match="ermission denied"):
+            sbx.files.list("/root")
+        assert sbx.commands.run("cat /etc/passwd").stdout == passwd
+        seen = sbx.commands.run("stat -c %U /etc/passwd; id -u").stdout
+        assert seen == "root\n1000\n"
+        assert sbx.files.read("/home/user/answer.txt", user="root") == "hidden\n"
+    finally:
+        sbx.kill()
+
+
+def test_a_listing_past_the_cap_is_refused_not_cut(
+    corral: Corral, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from e2b import SandboxException
+
+    from app.e2b import envd
+
+    monkeypatch.setattr(envd, "LIST_CAP", 1500)  # the server runs in this process
+    sbx = Sandbox.create(template="python", timeout=120)
+    try:
+        sbx.commands.run("mkdir d && cd d && for i in $(seq 1400); do : > f$i; done")
+        assert len(sbx.files.list("/home/user/d")) == 1400  # two node pages, gathered
+        sbx.commands.run("cd d && for i in $(seq 1401 1600); do : > f$i; done")
+        with pytest.raises(SandboxException, match="more than 1500 entries"):
+            sbx.files.list("/home/user/d")
+    finally:
+        sbx.kill()
+
+
+def test_large_multipart_uploads_stream_to_the_sandbox(corral: Corral) -> None:
+    sbx = Sandbox.create(template="python", timeout=120)
+    try:
+        blob = bytes(range(256)) * (3 << 12)  # 3 MiB: many chunks of the body
+        sbx.files.write_files(
+            [{"path": "/tmp/up/one.bin", "data": blob}, {"path": "/tmp/up/two.txt", "data": "2"}]
+        )
+        assert bytes(sbx.files.read("/tmp/up/one.bin", format="bytes")) == blob
+        assert sbx.files.read("/tmp/up/two.txt") == "2"
+        assert sbx.commands.run("stat -c %U /tmp/up/one.bin").stdout == "user\n"
+    finally:
+        sbx.kill()

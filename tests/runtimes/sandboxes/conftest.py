@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from runtimes.sandboxes.base import RootImage
+from runtimes.sandboxes.base import RootImage, SandboxBackend
 from runtimes.sandboxes.crun.backend import CGROUP_PARENT, CrunBackend
 from runtimes.sandboxes.crun.uidranges import DEFAULT_REGISTRY
 from runtimes.sandboxes.service import image_store_resolver
 from tests.requirements import missing
-from wire.sandboxes import SandboxSpec
+from wire.sandboxes import FileEntry, SandboxSpec
 
 PROJECT_IMAGES = Path(__file__).resolve().parents[3] / "var" / "images"
 
@@ -77,6 +77,39 @@ def spec(sandbox_id: str, **kw: object) -> SandboxSpec:
     }
     base.update(kw)
     return SandboxSpec.model_validate(base)
+
+
+async def read_file(
+    backend: SandboxBackend,
+    sandbox_id: str,
+    path: str,
+    *,
+    user: str = "user",
+    max_bytes: int = 1 << 20,
+) -> bytes:
+    """A whole file, through the backend's stream."""
+    stream = await backend.read_file(sandbox_id, path, user=user, max_bytes=max_bytes)
+    try:
+        return b"".join([chunk async for chunk in stream.chunks()])
+    finally:
+        await stream.close()
+
+
+async def chunks_of(data: bytes, size: int = 1 << 16) -> AsyncIterator[bytes]:
+    for at in range(0, len(data), size):
+        yield data[at : at + size]
+
+
+async def write_file(
+    backend: SandboxBackend,
+    sandbox_id: str,
+    path: str,
+    data: bytes,
+    *,
+    user: str = "user",
+    mode: int = 0o644,
+) -> FileEntry:
+    return await backend.write_file(sandbox_id, path, chunks_of(data), user=user, mode=mode)
 
 
 def leftovers(data_dir: Path, sandbox_id: str) -> list[str]:

@@ -22,7 +22,14 @@ from runtimes.sandboxes.base import (
     SandboxPathError,
 )
 from runtimes.sandboxes.crun.backend import CrunBackend
-from tests.runtimes.sandboxes.conftest import cgroup_file, leftovers, spec, started_backend
+from tests.runtimes.sandboxes.conftest import (
+    cgroup_file,
+    leftovers,
+    read_file,
+    spec,
+    started_backend,
+    write_file,
+)
 from wire.sandboxes import ExecExit, ExecRequest, ExecResult, collect
 
 pytestmark = pytest.mark.crun
@@ -100,18 +107,20 @@ async def test_files_written_read_listed_moved_removed(
     crun: CrunBackend, busybox_image: RootImage
 ) -> None:
     await crun.create(spec("sbx-files"), busybox_image)
-    entry = await crun.write_file("sbx-files", "/home/user/a/b.txt", b"hello", user="user")
+    entry = await write_file(crun, "sbx-files", "/home/user/a/b.txt", b"hello")
     assert entry.size == 5 and entry.owner == "1000"
     assert (await run(crun, "sbx-files", ["cat", "a/b.txt"])).stdout == "hello"
     await run(crun, "sbx-files", ["sh", "-c", "echo from-inside > /home/user/c.txt"])
-    assert await crun.read_file("sbx-files", "/home/user/c.txt", max_bytes=100) == b"from-inside\n"
-    names = sorted(e.path for e in await crun.list_dir("sbx-files", "/home/user", depth=2))
+    assert await read_file(crun, "sbx-files", "/home/user/c.txt") == b"from-inside\n"
+    page = await crun.list_dir("sbx-files", "/home/user", user="user", depth=2)
+    names = [e.path for e in page.entries]
     assert names == ["/home/user/a", "/home/user/a/b.txt", "/home/user/c.txt"]
-    await crun.move("sbx-files", "/home/user/c.txt", "/home/user/d/c.txt")
-    assert (await crun.stat("sbx-files", "/home/user/d/c.txt")).size == 12
-    await crun.remove("sbx-files", "/home/user/a")
+    assert page.next_cursor is None
+    await crun.move("sbx-files", "/home/user/c.txt", "/home/user/d/c.txt", user="user")
+    assert (await crun.stat("sbx-files", "/home/user/d/c.txt", user="user")).size == 12
+    await crun.remove("sbx-files", "/home/user/a", user="user")
     with pytest.raises(PathNotFound):
-        await crun.stat("sbx-files", "/home/user/a/b.txt")
+        await crun.stat("sbx-files", "/home/user/a/b.txt", user="user")
 
 
 async def test_symlinks_planted_inside_cannot_reach_the_host(
@@ -132,13 +141,13 @@ async def test_symlinks_planted_inside_cannot_reach_the_host(
     )
     for link in ("/tmp/a", "/tmp/b"):
         with pytest.raises(PathNotFound):  # resolved inside the sandbox, where it is not
-            await crun.read_file("sbx-links", link, max_bytes=100)
-    with pytest.raises(SandboxPathError):  # no /proc magic links
-        await crun.read_file("sbx-links", "/tmp/c/passwd", max_bytes=100)
+            await read_file(crun, "sbx-links", link, user="root")
+    with pytest.raises(SandboxPathError):  # PID 1's root is not the user's to enter
+        await read_file(crun, "sbx-links", "/tmp/c/passwd")
     await run(crun, "sbx-links", ["mkdir", "-p", str(tmp_path)], user="root")
-    await crun.write_file("sbx-links", "/tmp/a", b"written", user="user")
+    await write_file(crun, "sbx-links", "/tmp/a", b"written", user="root")
     assert host_secret.read_text() == "HOST"  # the write landed inside the sandbox
-    assert await crun.read_file("sbx-links", str(host_secret), max_bytes=100) == b"written"
+    assert await read_file(crun, "sbx-links", str(host_secret), user="root") == b"written"
 
 
 async def test_pause_freezes_and_resume_thaws(crun: CrunBackend, busybox_image: RootImage) -> None:
@@ -239,9 +248,9 @@ async def test_a_fifo_planted_where_a_file_is_read_does_not_stall_the_node(
     await crun.create(spec("sbx-fifo"), busybox_image)
     await run(crun, "sbx-fifo", ["mkfifo", "/tmp/fifo"])
     with pytest.raises(SandboxPathError, match="not a regular file"):
-        await asyncio.wait_for(crun.read_file("sbx-fifo", "/tmp/fifo", max_bytes=100), 5)
+        await asyncio.wait_for(read_file(crun, "sbx-fifo", "/tmp/fifo"), 5)
     with pytest.raises(SandboxPathError):
-        await asyncio.wait_for(crun.write_file("sbx-fifo", "/tmp/fifo", b"x", user="user"), 5)
+        await asyncio.wait_for(write_file(crun, "sbx-fifo", "/tmp/fifo", b"x"), 5)
 
 
 async def test_a_sandbox_the_runtime_cannot_delete_keeps_its_mounts_and_says_so(
@@ -317,7 +326,7 @@ async def test_a_watched_directory_reports_what_its_sandbox_does(
     crun: CrunBackend, busybox_image: RootImage
 ) -> None:
     await crun.create(spec("sbx-watch"), busybox_image)
-    watch = await crun.watch_dir("sbx-watch", "/home/user")
+    watch = await crun.watch_dir("sbx-watch", "/home/user", user="user")
     try:
         await run(
             crun,
@@ -348,9 +357,9 @@ async def test_a_watch_through_a_planted_symlink_stays_in_the_sandbox(
     await run(crun, "sbx-watchlink", ["ln", "-s", str(tmp_path), "/tmp/escape"])
     # /tmp/escape resolves inside the sandbox, where that host path does not exist
     with pytest.raises(PathNotFound):
-        await crun.watch_dir("sbx-watchlink", "/tmp/escape")
+        await crun.watch_dir("sbx-watchlink", "/tmp/escape", user="user")
     await run(crun, "sbx-watchlink", ["ln", "-s", "/root", "/tmp/root"], user="root")
-    watch = await crun.watch_dir("sbx-watchlink", "/tmp/root")  # the sandbox's /root
+    watch = await crun.watch_dir("sbx-watchlink", "/tmp/root", user="root")  # the sandbox's
     try:
         (tmp_path / "host-file").write_text("x")
         await run(crun, "sbx-watchlink", ["touch", "/root/inside"], user="root")

@@ -56,7 +56,7 @@ async def test_filling_the_disk_stops_at_the_layer_size(
         crun, "sbx-disk", ["sh", "-c", "dd if=/dev/zero of=/home/user/big bs=1M count=100; df -m /"]
     )
     assert "No space left on device" in result.stderr, result
-    size = (await crun.stat("sbx-disk", "/home/user/big")).size
+    size = (await crun.stat("sbx-disk", "/home/user/big", user="user")).size
     assert size <= 16 << 20
     usage = await crun.usage("sbx-disk")
     assert usage.disk_bytes is not None and usage.disk_bytes <= 16 << 20
