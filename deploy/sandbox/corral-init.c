@@ -387,12 +387,46 @@ static int make_parents(const char *path) {
 
 /* Copy `from` to `to` until `from` ends (or `most` bytes are past): the bytes copied,
  * or -errno. */
-static int64_t copy(int from, int to, uint64_t most) {
+/* The sandbox's memory (its disk is a tmpfs counted in it) an upload leaves to everything
+ * else: past this, the upload stops with ENOSPC, so the sandbox's init (which must fork
+ * for the next call) is never left the only process the OOM killer can take. */
+#define MEMORY_HEADROOM (16u << 20)
+#define ROOM_EVERY (1u << 20)
+
+static long long cgroup_value(const char *name) {
+    char path[128], text[32];
+    snprintf(path, sizeof path, "/sys/fs/cgroup/memory/%s", name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, text, sizeof text - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    text[n] = '\0';
+    return strtoll(text, NULL, 10);
+}
+
+/* Whether the sandbox's memory cgroup (its namespace's root) has room for more upload. */
+static int memory_has_room(void) {
+    long long limit = cgroup_value("memory.limit_in_bytes");
+    long long usage = cgroup_value("memory.usage_in_bytes");
+    return limit < 0 || usage < 0 || usage + (long long)MEMORY_HEADROOM < limit;
+}
+
+/* Up to EOF (or past ``most``) from ``from`` to ``to``; with ``guarded``, stops with
+ * -ENOSPC when the sandbox's memory runs short (an upload into its tmpfs). */
+static int64_t copy(int from, int to, uint64_t most, int guarded) {
     static char buf[COPY_CHUNK];
-    uint64_t done = 0;
+    uint64_t done = 0, checked = 0;
     int spliced = 1;
     while (done <= most) {
         ssize_t n;
+        if (guarded && done >= checked) {
+            if (!memory_has_room())
+                return -ENOSPC;
+            checked = done + ROOM_EVERY;
+        }
         if (spliced) {
             n = splice(from, NULL, to, NULL, COPY_CHUNK, SPLICE_F_MOVE);
             if (n < 0 && errno == EINVAL) {
@@ -428,7 +462,7 @@ static _Noreturn void file_read(const char *path, uint64_t most, int out) {
         failed(EFBIG);
     uint64_t size = (uint64_t)st.st_size;
     answer('O', &size, sizeof size);
-    int64_t sent = copy(fd, out, most);
+    int64_t sent = copy(fd, out, most, 0);
     close(out); /* the node sees the end of the bytes */
     if (sent < 0)
         failed((int)-sent);
@@ -486,7 +520,7 @@ static _Noreturn void file_write(const char *path, mode_t mode, int in) {
     if (fd < 0)
         failed(-fd);
     answer('O', NULL, 0);
-    int64_t got = copy(in, fd, UINT64_MAX - 1);
+    int64_t got = copy(in, fd, UINT64_MAX - 1, 1);
     if (got < 0)
         failed((int)-got);
     char commit[9];

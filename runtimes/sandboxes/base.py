@@ -197,6 +197,9 @@ class Usage:
     memory_bytes: int | None = None
     cpu_ms: float | None = None
     disk_bytes: int | None = None
+    #: every process of the sandbox is gone, its init too (killed by the OOM killer when
+    #: the sandbox's memory was full): it can never run anything again
+    ended: bool = False
 
 
 class Process(ABC):

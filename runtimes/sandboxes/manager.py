@@ -62,6 +62,8 @@ log = logging.getLogger(__name__)
 REAP_EVERY_S = 1.0
 #: how often the reaper reads the usage (CPU, memory, disk) of every live sandbox
 USAGE_EVERY_S = 10.0
+#: why a sandbox whose init ended is destroyed (its record says so)
+BROKEN = "broken: its init ended (killed when its memory was full)"
 #: a stopped sandbox's status is kept this long, so that a gateway learns why it ended
 STOPPED_KEPT_S = 600.0
 
@@ -96,6 +98,8 @@ class _Entry:
     status: SandboxStatus
     backend: SandboxBackend
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: every process of it ended, its init too: nothing can run in it again
+    broken: bool = False
 
 
 class SandboxManager:
@@ -429,6 +433,8 @@ class SandboxManager:
             entry.status.memory_bytes = usage.memory_bytes
             entry.status.cpu_ms = usage.cpu_ms
             entry.status.disk_bytes = usage.disk_bytes
+            if usage.ended and entry.status.state is SandboxState.RUNNING:
+                entry.broken = True  # the reaper destroys it, saying why
 
     async def read_usage(self) -> None:
         """Read the usage of every live sandbox (the reaper does, every USAGE_EVERY_S)."""
@@ -532,7 +538,9 @@ class SandboxManager:
             if status.state is SandboxState.CREATING:
                 continue
             reason = None
-            if now >= status.expires_at:
+            if entry.broken:
+                reason = BROKEN
+            elif now >= status.expires_at:
                 reason = "expired"
             elif spec.idle_timeout_s is not None and now - status.last_active_at >= (
                 spec.idle_timeout_s

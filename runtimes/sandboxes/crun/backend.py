@@ -728,10 +728,12 @@ class CrunBackend(SandboxBackend):
             with contextlib.suppress(OSError):
                 st = os.statvfs(directory / "layer")
                 disk = (st.f_blocks - st.f_bfree) * st.f_frsize
+            tasks = _read_int(self._cgroup("pids", sandbox_id) / "pids.current")
             return Usage(
                 memory_bytes=memory,
                 cpu_ms=cpu_ns / 1e6 if cpu_ns is not None else None,
                 disk_bytes=disk,
+                ended=tasks == 0,
             )
 
         return await asyncio.to_thread(read)

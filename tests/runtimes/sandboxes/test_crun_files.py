@@ -131,6 +131,13 @@ async def test_uploads_are_charged_to_the_sandbox_and_fail_when_it_is_full(
     assert accepted <= 64 << 20
     limit = int(cgroup_file("memory", "sbx-charged", "memory.limit_in_bytes"))
     assert int(cgroup_file("memory", "sbx-charged", "memory.max_usage_in_bytes")) <= limit
+    # uploads stop short of the limit: the sandbox's init is never the OOM killer's only
+    # choice, so the sandbox outlives any number of refused uploads
+    for i in range(20, 40):
+        with pytest.raises(DiskFull):
+            await write_file(box, "sbx-charged", f"/home/user/u{i}", blob)
+    assert (await sh(box, "sbx-charged", "echo alive")).strip() == "alive"
+    assert (await box.stat("sbx-charged", "/home/user/u0", user="user")).size == len(blob)
 
     await box.create(spec("sbx-small-disk", memory_mb=128, disk_mb=16), busybox_image)
     with pytest.raises(DiskFull):

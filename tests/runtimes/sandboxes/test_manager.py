@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +19,7 @@ from runtimes.sandboxes.base import (
 )
 from runtimes.sandboxes.crun.backend import CrunBackend
 from runtimes.sandboxes.fake import FakeSandboxBackend
-from runtimes.sandboxes.manager import SandboxManager
+from runtimes.sandboxes.manager import BROKEN, SandboxManager
 from tests.runtimes.sandboxes.conftest import leftovers, spec
 from wire.sandboxes import ExecRequest, SandboxState
 
@@ -28,6 +32,12 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def gone(pid: int) -> None:
+    """Wait until ``pid`` has ended and been reaped."""
+    while Path(f"/proc/{pid}").exists():
+        time.sleep(0.01)
 
 
 def manager(
@@ -116,6 +126,32 @@ async def test_an_abandoned_container_is_reaped_at_its_ttl_and_freed(
         await m.reap()
         assert (await m.status("sbx-abandoned")).reason == "expired"
         assert leftovers(tmp_path / "data", "sbx-abandoned") == []
+    finally:
+        await m.destroy_all("test over")
+        await m.close()
+
+
+@pytest.mark.crun
+async def test_a_sandbox_whose_init_ended_is_destroyed_as_broken_and_freed(
+    tmp_path: Path, busybox_image: RootImage
+) -> None:
+    """Its init killed (as the OOM killer does when a sandbox's memory is full and init is
+    all that is left to kill): the sandbox can never run a command again, so the reaper
+    destroys it, saying why, instead of leaving a record that answers errors."""
+    clock = Clock()
+    backend = CrunBackend(tmp_path / "data")
+    m = manager(tmp_path, backend, clock, busybox_image)
+    await m.start()
+    try:
+        await m.create(spec("sbx-broken", ttl_s=300))
+        init = int((await backend._runtime_json("state", "sbx-broken"))["pid"])
+        os.kill(init, signal.SIGKILL)
+        await asyncio.to_thread(gone, init)
+        await m.read_usage()
+        await m.reap()
+        status = await m.status("sbx-broken")
+        assert (status.state, status.reason) == (SandboxState.STOPPED, BROKEN)
+        assert leftovers(tmp_path / "data", "sbx-broken") == []
     finally:
         await m.destroy_all("test over")
         await m.close()
