@@ -29,6 +29,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from app.e2b.errors import NotSupported, as_corral, connect_error_body
 from app.errors import BadRequest, CorralError, PayloadTooLarge
+from wire.logtext import shown
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +142,7 @@ def stream_response(messages: AsyncIterator[Message]) -> Response:
         except Exception as exc:
             error = as_corral(exc)
             if error.status >= 500:
-                log.info("e2b stream ended: %s %s", error.code, error.message)
+                log.info("e2b stream ended: %s %s", error.code, shown(error.message))
         yield end_of_stream(error)
 
     return StreamingResponse(frames(), media_type=STREAM_TYPE)

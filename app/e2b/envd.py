@@ -50,6 +50,7 @@ from app.e2b.errors import (
 )
 from app.errors import BadRequest, InvalidPath, NotFound, PayloadTooLarge
 from app.sandboxes.nodes import NodeClient
+from wire.logtext import shown
 from wire.processes import ProcessInfo, StartProcess
 from wire.sandboxes import (
     ExecEvent,
@@ -252,7 +253,7 @@ async def process_start(request: Request) -> Response:
         )
         if start.tag is not None and start.tag.startswith(INTERNAL_TAG):
             raise BadRequest(f"tags starting {INTERNAL_TAG!r} are Corral's own")
-        log.debug("sandbox=%s: e2b start %s", caller.sandbox_id, start.request.cmd[:3])
+        log.debug("sandbox=%s: e2b start %s", caller.sandbox_id, shown(start.request.cmd[0]))
         events = node.start_process(caller.sandbox_id, start)
     except Exception as exc:
         return connect.stream_error(exc)

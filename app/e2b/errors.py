@@ -45,6 +45,7 @@ from app.errors import (
     Unsupported,
     ValidationFailed,
 )
+from wire.logtext import shown
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ def connect_code(exc: CorralError) -> str:
 
 def _logged(exc: CorralError, surface: str) -> None:
     if exc.status >= 500 and not isinstance(exc, (SandboxGone, NotSupported)):
-        log.warning("e2b %s: %s %s", surface, exc.code, exc.message)
+        log.warning("e2b %s: %s %s", surface, exc.code, shown(exc.message))
 
 
 def connect_error_body(exc: CorralError) -> dict[str, str]:

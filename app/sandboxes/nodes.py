@@ -35,8 +35,10 @@ from app.errors import (
     SandboxNotRunning,
     Unsupported,
     ValidationFailed,
+    WatcherQuotaExceeded,
 )
 from runtimes.node import local
+from wire.logtext import shown
 from wire.processes import ProcessInfo, ProcessSignal, StartProcess
 from wire.sandboxes import (
     EXEC_EVENT,
@@ -77,6 +79,7 @@ _ERRORS: dict[str, type[CorralError]] = {
     "invalid_network": InvalidNetwork,
     "watcher_not_found": NotFound,
     "too_many_watchers": Conflict,
+    "watcher_quota_exceeded": WatcherQuotaExceeded,
     "unsupported": Unsupported,
     "backend_unavailable": BackendUnavailable,
 }
@@ -269,6 +272,6 @@ def _error(response: httpx.Response) -> CorralError:
         code, message = "", response.text[:200]
     kind = _ERRORS.get(code)
     if kind is None:
-        log.error("node answered %s %s: %s", response.status_code, code, message)
+        log.error("node answered %s %s: %s", response.status_code, shown(code), shown(message))
         return NodeUnavailable(f"the node failed: {message}")
     return kind(message)

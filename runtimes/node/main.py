@@ -27,6 +27,7 @@ from runtimes.node.transport import NodeTransport
 from runtimes.sandboxes.base import RootImage
 from runtimes.sandboxes.http import sandbox_routes
 from runtimes.sandboxes.service import build_manager
+from runtimes.sandboxes.watch import WatchLimits
 from wire.redis import connect
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,11 @@ async def running_node(
             await sandboxes.start()
             agent.sandboxes = sandboxes
             token = settings.node_token.get_secret_value()
-            routes = sandbox_routes(sandboxes, token, node_id=agent.node_id)
+            limits = WatchLimits(
+                per_tenant=settings.sandbox_max_watchers_per_tenant,
+                per_node=settings.sandbox_max_watchers,
+            )
+            routes = sandbox_routes(sandboxes, token, node_id=agent.node_id, watch_limits=limits)
         if serve_http and settings.node_port is not None:
             agent.address = await stack.enter_async_context(
                 serving(agent, settings.node_host, settings.node_port, extra_routes=routes)

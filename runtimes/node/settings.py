@@ -119,6 +119,15 @@ class NodeSettings(BaseSettings):
     sandbox_create_wait_seconds: float = Field(
         30.0, gt=0, description="How long a create waits before it fails (503 no_capacity)."
     )
+    sandbox_max_watchers: int = Field(
+        1024, ge=1, description="Directory watchers (E2B watch_dir) the node holds at most."
+    )
+    sandbox_max_watchers_per_tenant: int = Field(
+        64,
+        ge=1,
+        description="Directory watchers one tenant holds at most on this node, over its "
+        "sandboxes (more: 429 watcher_quota_exceeded).",
+    )
     sandbox_runtime: str = Field(
         "crun", pattern=r"^(crun|runc)$", description="The OCI runtime of container sandboxes."
     )

@@ -28,6 +28,7 @@ NDJSON: one ``ExecEvent`` per line as it happens, the ``exit`` event last.
 
 from __future__ import annotations
 
+import errno
 import hmac
 import json
 import logging
@@ -43,13 +44,15 @@ from runtimes.sandboxes import rooted
 from runtimes.sandboxes.base import SandboxError
 from runtimes.sandboxes.manager import SandboxManager
 from runtimes.sandboxes.processes import ProcessTable, process_routes
-from runtimes.sandboxes.watch import WatcherTable, watcher_routes
+from runtimes.sandboxes.watch import WatcherTable, WatchLimits, watcher_routes
 from wire.sandboxes import ExecRequest, SandboxInventory, SandboxSpec
 
 log = logging.getLogger(__name__)
 
 MAX_SPEC_BYTES = 1 << 20
 MAX_FILE_BYTES = 256 << 20  #: largest file read or written in one request
+#: errors of a node out of resources (descriptors, inotify watches, memory): 503
+_EXHAUSTED = {errno.EMFILE, errno.ENFILE, errno.ENOSPC, errno.ENOMEM}
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -84,7 +87,9 @@ class SandboxBodyTooLarge(SandboxError):
     status, code = 413, "payload_too_large"
 
 
-def sandbox_routes(manager: SandboxManager, token: str, *, node_id: str) -> list[Route]:
+def sandbox_routes(
+    manager: SandboxManager, token: str, *, node_id: str, watch_limits: WatchLimits | None = None
+) -> list[Route]:
     expected = f"Bearer {token}".encode()
 
     def guarded(handler: Handler) -> Handler:
@@ -103,6 +108,13 @@ def sandbox_routes(manager: SandboxManager, token: str, *, node_id: str) -> list
                 return _error(422, "validation_error", detail)
             except (ValueError, KeyError) as exc:
                 return _error(400, "bad_request", str(exc))
+            except OSError as exc:
+                if exc.errno not in _EXHAUSTED:
+                    raise
+                # the node is out of descriptors, inotify watches or memory: a clear
+                # answer, one line in the log (rate-limited), no traceback per call
+                log.warning("%s %s refused: %s", request.method, request.url.path, exc)
+                return _error(503, "no_capacity", "the node is out of resources; retry")
 
         return run
 
@@ -227,6 +239,6 @@ def sandbox_routes(manager: SandboxManager, token: str, *, node_id: str) -> list
         ("/snapshots", snapshots, ["GET"]),
         ("/snapshots/{snapshot_id}", delete_snapshot, ["DELETE"]),
         *process_routes(ProcessTable(manager)),
-        *watcher_routes(WatcherTable(manager)),
+        *watcher_routes(WatcherTable(manager, watch_limits)),
     ]
     return [Route(path, guarded(handler), methods=methods) for path, handler, methods in table]
