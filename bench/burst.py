@@ -12,9 +12,11 @@ latencies (p50/p99/max):
 * ``after_gap``: the same burst after ``--gap`` seconds idle (the pool shrinks while
   idle: ``idle_timeout_s`` of ``runtimes/nsjail/config.py``).
 
-With ``--compare REV`` the server of that commit is started too and each step runs on
-both, this tree first, then REV (the idle gap is the same wall time for both), so a
-drift of the machine falls on both. Prints one JSON document.
+With ``--url`` (and ``--admin-key``, ``--pid``) it measures a server already running,
+e.g. one ``make run`` started. With ``--compare REV`` the server of that commit is
+started too and each step runs on both, this tree first, then REV (the idle gap is the
+same wall time for both), so a drift of the machine falls on both. Prints one JSON
+document.
 
     .venv/bin/python bench/burst.py
     .venv/bin/python bench/burst.py --compare 95b455f
@@ -26,6 +28,7 @@ import argparse
 import asyncio
 import http.client
 import json
+import os
 import secrets
 import shutil
 import threading
@@ -92,7 +95,22 @@ def make_run_env() -> dict[str, str]:
     }
 
 
-def create_tenant(server: Server) -> str:
+class Running:
+    """A server started elsewhere (``make run``): its URL, admin key and, if given, the
+    pid of its process (for its CPU)."""
+
+    def __init__(self, url: str, admin_key: str, pid: int | None) -> None:
+        self.url, self.admin_key, self.pid = url.rstrip("/"), admin_key, pid
+
+    def stop(self) -> None:
+        return None
+
+
+def server_pid(server: Server | Running) -> int | None:
+    return server.pid if isinstance(server, Running) else server.proc.pid
+
+
+def create_tenant(server: Server | Running) -> str:
     """A new tenant (a fresh pool key) with room for the whole burst."""
     quota = {"max_concurrent_executions": 1024, "executions_per_second": 100_000, "burst": 100_000}
     response = httpx.post(
@@ -105,7 +123,7 @@ def create_tenant(server: Server) -> str:
     return str(response.json()["key"]["api_key"])
 
 
-def pool_gauges(server: Server) -> dict[str, float]:
+def pool_gauges(server: Server | Running) -> dict[str, float]:
     """The nsjail pool's gauges from ``/metrics`` (warm, busy, starting)."""
     text = httpx.get(f"{server.url}/metrics", timeout=60).text
     gauges: dict[str, float] = {}
@@ -119,12 +137,13 @@ def pool_gauges(server: Server) -> dict[str, float]:
     return gauges
 
 
-def burst(server: Server, key: str, args: argparse.Namespace) -> dict[str, Any]:
+def burst(server: Server | Running, key: str, args: argparse.Namespace) -> dict[str, Any]:
     """One burst with the probe running; latencies, outcomes and the server's CPU."""
     body = {"language": args.language, "code": args.code}
     headers = {"Authorization": f"Bearer {key}"}
     before = pool_gauges(server)
-    cpu = process_cpu_s(server.proc.pid)
+    pid = server_pid(server)
+    cpu = process_cpu_s(pid) if pid else 0.0
     with Prober(server.url, args.probe_ms / 1000) as probe:
         time.sleep(0.5)  # a few probes before the burst: the idle server's own figure
         latencies, outcomes, wall = asyncio.run(
@@ -141,7 +160,7 @@ def burst(server: Server, key: str, args: argparse.Namespace) -> dict[str, Any]:
         "healthz": latency_summary(probe.latencies_ms, errors=probe.failures),
         "burst": latency_summary(latencies, wall_s=wall, errors=args.requests - len(latencies))
         | {"statuses": outcomes, "wall_s": round(wall, 2)},
-        "server_cpu_s": round(process_cpu_s(server.proc.pid) - cpu, 2),
+        "server_cpu_s": round(process_cpu_s(pid) - cpu, 2) if pid else None,
         "pool_before": before,
         "pool_after": pool_gauges(server),
     }
@@ -163,17 +182,24 @@ def main() -> None:
         help="also start what make run starts: crun sandboxes, two warm python ones",
     )
     parser.add_argument("--compare", help="also measure the server of this earlier commit")
+    parser.add_argument("--url", help="a running server (make run) instead of starting one")
+    parser.add_argument("--admin-key", default=os.environ.get("CORRAL_ADMIN_KEY"))
+    parser.add_argument("--pid", type=int, help="the running server's pid, for its CPU")
     args = parser.parse_args()
     env = make_run_env() if args.make_run else {}
-    servers: dict[str, Server] = {}
+    servers: dict[str, Server | Running] = {}
     tree: Path | None = None
     try:
-        servers["after"] = Server(args.slots, args.runtimes, env=env)
+        if args.url:
+            servers["after"] = Running(args.url, args.admin_key, args.pid)
+        else:
+            servers["after"] = Server(args.slots, args.runtimes, env=env)
         if args.compare:
             tree = export(args.compare)
             servers["before"] = Server(args.slots, args.runtimes, root=tree, env=env)
         for server in servers.values():
-            server.wait_ready()
+            if isinstance(server, Server):
+                server.wait_ready()
         keys = {name: create_tenant(server) for name, server in servers.items()}
         steps: dict[str, dict[str, Any]] = {name: {} for name in servers}
         for step in ("new_tenant", "second", "after_gap"):
