@@ -27,6 +27,7 @@ import httpx
 from pydantic import ValidationError
 
 from corral import Conflict, Corral, CorralError, Files, NotFound, SandboxInfo
+from wire import lograte
 
 if TYPE_CHECKING:  # server settings are imported by the command that needs them
     from app.settings import Settings
@@ -52,6 +53,7 @@ def _logging(level: str) -> None:
     # each second, every sandbox operation) would drown the server's own lines
     for chatty in ("httpx", "httpcore"):
         logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLogger().level))
+    lograte.install()  # a flood of one line (a tenant's calls, each refused) is summarised
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

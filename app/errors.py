@@ -243,6 +243,10 @@ class QuotaExceeded(CorralError):
         return {"Retry-After": str(max(1, round(self.retry_after + 0.49)))}
 
 
+class WatcherQuotaExceeded(QuotaExceeded):
+    code, default_message = "watcher_quota_exceeded", "the tenant holds its most watchers"
+
+
 class RateLimited(QuotaExceeded):
     code, default_message = "rate_limited", "executions-per-second quota exceeded"
 

@@ -40,6 +40,7 @@ from app.errors import (
     TooManyTransfers,
     Unsupported,
     ValidationFailed,
+    WatcherQuotaExceeded,
 )
 from runtimes.node import local
 from wire.logsafe import loggable
@@ -83,6 +84,7 @@ _ERRORS: dict[str, type[CorralError]] = {
     "invalid_network": InvalidNetwork,
     "watcher_not_found": NotFound,
     "too_many_watchers": Conflict,
+    "watcher_quota_exceeded": WatcherQuotaExceeded,
     "unsupported": Unsupported,
     "backend_unavailable": BackendUnavailable,
     "permission_denied": PermissionDenied,

@@ -8,13 +8,19 @@ import os
 
 from runtimes.node.main import run_node
 from runtimes.node.settings import NodeSettings
+from wire import lograte
 
 
-def main() -> None:
+def configure_logging() -> None:
     logging.basicConfig(
         level=os.environ.get("CORRAL_LOG_LEVEL", "INFO").upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    lograte.install()  # a flood of one line (a tenant's calls, each refused) is summarised
+
+
+def main() -> None:
+    configure_logging()
     asyncio.run(run_node(NodeSettings()))
 
 

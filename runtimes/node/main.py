@@ -28,6 +28,7 @@ from runtimes.sandboxes.base import RootImage
 from runtimes.sandboxes.http import sandbox_routes
 from runtimes.sandboxes.service import build_manager
 from runtimes.sandboxes.transfers import TransferSlots
+from runtimes.sandboxes.watch import WatchLimits
 from wire.redis import connect
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,17 @@ async def running_node(
                 per_tenant=settings.sandbox_transfers_per_tenant,
                 per_node=settings.sandbox_transfers_per_node,
             )
-            routes = sandbox_routes(sandboxes, token, node_id=agent.node_id, transfers=transfers)
+            limits = WatchLimits(
+                per_tenant=settings.sandbox_max_watchers_per_tenant,
+                per_node=settings.sandbox_max_watchers,
+            )
+            routes = sandbox_routes(
+                sandboxes,
+                token,
+                node_id=agent.node_id,
+                transfers=transfers,
+                watch_limits=limits,
+            )
         if serve_http and settings.node_port is not None:
             agent.address = await stack.enter_async_context(
                 serving(agent, settings.node_host, settings.node_port, extra_routes=routes)

@@ -147,6 +147,15 @@ class NodeSettings(BaseSettings):
     sandbox_transfers_per_node: int = Field(
         64, ge=1, description="File transfers this node runs at once over all tenants."
     )
+    sandbox_max_watchers: int = Field(
+        1024, ge=1, description="Directory watchers (E2B watch_dir) the node holds at most."
+    )
+    sandbox_max_watchers_per_tenant: int = Field(
+        64,
+        ge=1,
+        description="Directory watchers one tenant holds at most on this node, over its "
+        "sandboxes (more: 429 watcher_quota_exceeded).",
+    )
     sandbox_runtime: str = Field(
         "crun", pattern=r"^(crun|runc)$", description="The OCI runtime of container sandboxes."
     )

@@ -11,7 +11,10 @@ averaged over ``demand_window_s``), clamped to
 ``[warm_per_language, max_warm_per_key]`` for spares and ``[0, max_warm_per_key]`` for a
 tenant. A tenant's busy jails count towards its target (they come back after the call).
 Jails above a key's target are stopped after ``idle_timeout_s`` idle; a key asked for less
-than once per ``idle_timeout_s`` has no demand.
+than once per ``idle_timeout_s`` has no demand. Starts in flight are bounded per node
+(``max_concurrent_starts``) and per key (``max_concurrent_starts_per_key``): a tenant's
+burst grows its own jails a few at a time and waits for them, never every start the node
+can make.
 """
 
 from __future__ import annotations
@@ -89,6 +92,22 @@ class NsjailConfig(BaseModel):
     start_concurrency: int = Field(
         2, ge=1, description="Jails started at once in the background (refill, warm-up)"
     )
+    max_concurrent_starts: int | None = Field(
+        None,
+        ge=1,
+        description="Jail starts in flight at once on the node, for calls and in the "
+        "background together; pool keys waiting for one take turns. Default: the node's "
+        "CPUs, at least 2 (a start is CPU work: more at once only slows every start and "
+        "everything else on the node)",
+    )
+    max_concurrent_starts_per_key: int | None = Field(
+        None,
+        ge=1,
+        description="Jail starts in flight at once for one pool key (one tenant's jails of "
+        "a language): a tenant's burst grows its own pool this many jails at a time and "
+        "its calls wait for those or for its jails' releases. Default: half of "
+        "max_concurrent_starts, at least 1",
+    )
     acquire_timeout_s: float = Field(30.0, gt=0, description="Wait for a free jail slot")
     host_grace_s: float = Field(
         5.0, gt=0, description="Host backstop beyond the stage timeouts before a jail is killed"
@@ -139,6 +158,8 @@ class NsjailConfig(BaseModel):
             max_workers=self.max_jails,
             start_timeout_s=self.start_timeout_s,
             start_concurrency=self.start_concurrency,
+            max_starting=self.resolved_max_starts,
+            max_starting_per_key=self.resolved_max_starts_per_key,
             acquire_timeout_s=self.acquire_timeout_s,
             idle_timeout_s=self.idle_timeout_s,
             reap_interval_s=self.reap_interval_s,
@@ -149,6 +170,18 @@ class NsjailConfig(BaseModel):
             default_bounds=Bounds(0, self.max_warm_per_key),
             backoff_s=REFILL_BACKOFF_S,
         )
+
+    @property
+    def resolved_max_starts(self) -> int:
+        if self.max_concurrent_starts is not None:
+            return self.max_concurrent_starts
+        return max(2, os.cpu_count() or 1)
+
+    @property
+    def resolved_max_starts_per_key(self) -> int:
+        if self.max_concurrent_starts_per_key is not None:
+            return self.max_concurrent_starts_per_key
+        return max(1, self.resolved_max_starts // 2)
 
     def spare_bounds(self) -> Bounds:
         """Bounds of the spare jails of one language."""

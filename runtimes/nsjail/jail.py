@@ -14,11 +14,13 @@ import logging
 import os
 import signal
 import struct
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from runtimes import threadspawn
 from runtimes.nsjail.cgroups import CgroupError, CgroupSetup, JailCgroup
 from runtimes.nsjail.command import JailCommand
 from runtimes.nsjail.jailcgroup import OUTSIDE_NPROC, V1JailCgroup
@@ -85,7 +87,7 @@ class Jail:
         self._extra_ro_binds = tuple(extra_ro_binds)
         self._initial_memory_bytes = initial_memory_bytes
         self._max_frame_bytes = max_frame_bytes
-        self._proc: asyncio.subprocess.Process | None = None
+        self._proc: threadspawn.Child | None = None
         self._stderr_task: asyncio.Task[None] | None = None
         self._stderr_tail = bytearray()
         self._zygote_pidfd: int | None = None
@@ -125,50 +127,12 @@ class Jail:
     # --- life cycle ----------------------------------------------------------------------
 
     async def start(self, timeout_s: float) -> None:
-        config = self._command.config
         try:
-            # v1: the jail's groups exist before nsjail, which starts inside them
-            self.cgroup = self._cgroups.for_new_jail(
-                self.id,
-                memory_bytes=self._initial_memory_bytes,
-                pids=config.max_pids_per_jail + OUTSIDE_NPROC,
-                cpu_ms_per_sec=config.cpu_ms_per_sec,
-            )
-        except CgroupError as exc:
-            raise JailStartError(f"jail {self.id} failed to start: {exc}") from exc
-        join: list[Path] = []
-        cpu_fd: int | None = None
-        if isinstance(self.cgroup, V1JailCgroup):
-            join = self.cgroup.procs_files()
-            if self.cgroup.cpu_counter is not None:
-                # the zygote reads the jail's CPU counter itself, at the exact start and
-                # end of each stage, through this read-only descriptor
-                cpu_fd = os.open(self.cgroup.cpu_counter, os.O_RDONLY | os.O_CLOEXEC)
-        argv = self._command.argv(
-            hostname=self.hostname,
-            extra_ro_binds=self._extra_ro_binds,
-            initial_memory_bytes=self._initial_memory_bytes,
-            join_cgroups=join,
-            cpu_fd=cpu_fd,
-        )
-        try:
-            self._proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env={"PATH": "/usr/bin:/bin"},
-                start_new_session=True,
-                pass_fds=(cpu_fd,) if cpu_fd is not None else (),
-            )
-        except BaseException as exc:
-            await self.kill()  # removes the groups made above (a cancelled start too)
-            if isinstance(exc, OSError):
-                raise JailStartError(f"cannot execute nsjail {argv[0]}: {exc}") from exc
+            # the cgroups, fork and exec on a thread: none of it waits on the event loop
+            self._proc = await threadspawn.launch(self._launch)
+        except BaseException:
+            await self.kill()  # removes the groups made (a cancelled start's too)
             raise
-        finally:
-            if cpu_fd is not None:
-                os.close(cpu_fd)
         assert self._proc.stderr is not None
         self._stderr_task = asyncio.create_task(self._drain_stderr(self._proc.stderr))
         try:
@@ -195,6 +159,56 @@ class Jail:
             self.pid,
             self.zygote_pid,
         )
+
+    def _launch(self) -> subprocess.Popen[bytes]:
+        """On a spawn thread: make the jail's v1 groups, then start nsjail in them."""
+        config = self._command.config
+        try:
+            # v1: the jail's groups exist before nsjail, which starts inside them
+            self.cgroup = self._cgroups.for_new_jail(
+                self.id,
+                memory_bytes=self._initial_memory_bytes,
+                pids=config.max_pids_per_jail + OUTSIDE_NPROC,
+                cpu_ms_per_sec=config.cpu_ms_per_sec,
+            )
+        except CgroupError as exc:
+            raise JailStartError(f"jail {self.id} failed to start: {exc}") from exc
+        join: list[Path] = []
+        cpu_fd: int | None = None
+        try:
+            if isinstance(self.cgroup, V1JailCgroup):
+                join = self.cgroup.procs_files()
+                if self.cgroup.cpu_counter is not None:
+                    # the zygote reads the jail's CPU counter itself, at the exact start
+                    # and end of each stage, through this read-only descriptor
+                    cpu_fd = os.open(self.cgroup.cpu_counter, os.O_RDONLY | os.O_CLOEXEC)
+            argv = self._command.argv(
+                hostname=self.hostname,
+                extra_ro_binds=self._extra_ro_binds,
+                initial_memory_bytes=self._initial_memory_bytes,
+                join_cgroups=join,
+                cpu_fd=cpu_fd,
+            )
+            try:
+                return subprocess.Popen(
+                    argv,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    env={"PATH": "/usr/bin:/bin"},
+                    start_new_session=True,
+                    pass_fds=(cpu_fd,) if cpu_fd is not None else (),
+                )
+            except OSError as exc:
+                raise JailStartError(f"cannot execute nsjail {argv[0]}: {exc}") from exc
+        except BaseException:
+            if self.cgroup is not None:
+                self.cgroup.remove()
+                self.cgroup = None
+            raise
+        finally:
+            if cpu_fd is not None:
+                os.close(cpu_fd)
 
     def _attach_zygote(self) -> None:
         """Find the zygote's host pid (nsjail's only child), pin it with a pidfd, and
@@ -231,8 +245,7 @@ class Jail:
                 await self._settling
         proc = self._proc
         if proc is None:
-            if self.cgroup is not None:
-                self.cgroup.remove()
+            await self._remove_cgroup()
             return
         # SIGKILL to PID 1 of the namespace takes down everything in the jail; nsjail then
         # reaps it, removes the jail's cgroups and exits. Before the zygote is known (a
@@ -279,9 +292,15 @@ class Jail:
             self._zygote_pidfd = None
         # v1: the host's own groups, empty now that nsjail has exited; v2: normally
         # already gone (nsjail removes them)
-        if self.cgroup is not None:
-            self.cgroup.remove()
+        await self._remove_cgroup()
         logger.debug("jail %s killed (nsjail exit %s)", self.id, proc.returncode)
+
+    async def _remove_cgroup(self) -> None:
+        """Close the jail's control files, then rmdir its groups on a spawn thread (a v1
+        memory group's rmdir waits for the kernel to move its charges)."""
+        if self.cgroup is not None:
+            self.cgroup.close_files()
+            await threadspawn.run_off_loop(self.cgroup.remove_groups)
 
     # --- calls ---------------------------------------------------------------------------
 

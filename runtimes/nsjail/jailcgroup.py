@@ -46,6 +46,10 @@ class JailCgroup(Protocol):
 
     def open_files(self) -> int: ...
 
+    def close_files(self) -> None: ...
+
+    def remove_groups(self) -> None: ...
+
     def remove(self) -> None: ...
 
 
@@ -258,12 +262,20 @@ class V1JailCgroup:
         files = (self._memory_files, self._pids_files, self._cpuacct_files)
         return sum(f.open_count() for f in files if f is not None)
 
-    def remove(self) -> None:
+    def close_files(self) -> None:
         for files in (self._memory_files, self._pids_files, self._cpuacct_files):
             if files is not None:
                 files.close()
+
+    def remove_groups(self) -> None:
+        """rmdir the groups (slow on v1: call it off the event loop; touches no state the
+        loop uses, ``close_files`` first)."""
         for group in self.groups:
             rmdir(group)
+
+    def remove(self) -> None:
+        self.close_files()
+        self.remove_groups()
 
 
 class V2JailCgroup:
@@ -328,9 +340,15 @@ class V2JailCgroup:
         """Control files held open (all closed by ``remove``)."""
         return self._files.open_count()
 
-    def remove(self) -> None:
+    def close_files(self) -> None:
         self._files.close()
+
+    def remove_groups(self) -> None:
         rmdir(self.path)
+
+    def remove(self) -> None:
+        self.close_files()
+        self.remove_groups()
 
 
 def process_count(cgroup: JailCgroup | None) -> int | None:

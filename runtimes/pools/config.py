@@ -21,6 +21,13 @@ class PoolConfig:
     #: background starts (refill, initial warm-up) in flight at once, over all keys;
     #: starts a caller waits for are not counted
     start_concurrency: int = 2
+    #: starts in flight at once over all keys, for callers and in the background alike
+    #: (None: no bound but ``max_workers``); keys waiting for one take turns
+    max_starting: int | None = None
+    #: starts in flight at once for one key (one tenant's workers): a key's burst grows
+    #: its own pool this many workers at a time and waits for them, never taking every
+    #: start the node can make (None: no bound)
+    max_starting_per_key: int | None = None
     #: how long an acquire waits for a worker before ``PoolExhausted``
     acquire_timeout_s: float = 30.0
     #: idle workers above their key's target are stopped after this long idle; a key
@@ -49,6 +56,10 @@ class PoolConfig:
             raise ValueError("max_workers must be at least 1")
         if self.start_concurrency < 1:
             raise ValueError("start_concurrency must be at least 1")
+        for bound in ("max_starting", "max_starting_per_key"):
+            value = getattr(self, bound)
+            if value is not None and value < 1:
+                raise ValueError(f"{bound} must be at least 1")
         positive = ("start_timeout_s", "acquire_timeout_s", "idle_timeout_s", "reap_interval_s")
         for name in (*positive, "demand_window_s", "backoff_s", "max_backoff_s"):
             if getattr(self, name) <= 0:

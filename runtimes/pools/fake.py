@@ -1,9 +1,11 @@
 """An in-process ``WorkerFactory`` and a manual clock, for unit tests of the pool.
 
 ``FakeFactory`` starts ``FakeWorker`` objects: a start waits for ``gate`` (open by
-default; close it to keep starts in flight), advances ``clock`` by ``start_s`` (so the
-pool measures that start time), and fails with ``fail_with`` when set. It records every
-start attempt, stop and adoption, so tests can count them.
+default; close it to keep starts in flight), and for ``gates[key]`` if its key has one
+(to hold one key's starts only), counts itself in ``in_flight`` meanwhile, advances
+``clock`` by ``start_s`` (so the pool measures that start time), and fails with
+``fail_with`` when set. It records every start attempt, stop and adoption, so tests can
+count them.
 """
 
 from __future__ import annotations
@@ -62,10 +64,23 @@ class FakeFactory(WorkerFactory[FakeWorker]):
         self.stopped: list[FakeWorker] = []
         self.adopted: list[tuple[str, str]] = []  #: (worker id, new key)
         self.checks_fail: set[str] = set()  #: worker ids whose next check fails
+        self.gates: dict[str, asyncio.Event] = {}  #: per key, closed: its starts wait
+        self.in_flight: dict[str, int] = {}  #: starts of each key running now
+        self.most_in_flight: dict[str, int] = {}  #: the most at once, per key
+        self.most_in_flight_total = 0  #: the most at once over all keys
 
     async def start(self, key: str) -> FakeWorker:
         self.attempts.append(key)
-        await self.gate.wait()
+        self.in_flight[key] = self.in_flight.get(key, 0) + 1
+        self.most_in_flight[key] = max(self.most_in_flight.get(key, 0), self.in_flight[key])
+        total = sum(self.in_flight.values())
+        self.most_in_flight_total = max(self.most_in_flight_total, total)
+        try:
+            await self.gate.wait()
+            if key in self.gates:
+                await self.gates[key].wait()
+        finally:
+            self.in_flight[key] -= 1
         if self.clock is not None:
             self.clock.advance(self.start_s)
         if self.fail_with is not None:

@@ -22,6 +22,15 @@ and a ``PoolConfig``; the pool does the rest:
   waiter or to idle. Starts run in the pool's own tasks, bounded by ``start_timeout_s``,
   never in the caller's. When the pool is full a start evicts the least recently used
   idle worker of another key (surplus ones first).
+* **Bounded starts, in turns.** At most ``max_starting`` starts are in flight over all
+  keys and ``max_starting_per_key`` for one key (one tenant's workers). A key whose
+  waiters need starts it cannot have now queues for them; as starts finish, the next
+  goes to the queued key with the fewest workers (``_serve_queue``), and a spare that
+  becomes ready to the waiting key with the fewest workers. So a tenant's burst grows
+  its own pool a few workers at a time and its calls wait for those or for its workers'
+  releases: the growth costs that tenant's latency, while another key (a new tenant
+  first) gets the next start. Background starts leave one of the node's starts to
+  callers.
 * **Reaper**: idle workers above their key's target are stopped once idle for
   ``idle_timeout_s``; dead ones, and reusable ones past ``max_age_s``, are recycled.
 * **Accounting** (``accounting``): per key, idle workers and their memory integrated
@@ -71,7 +80,9 @@ class Pool[W: Worker]:
         self._starting_keys: set[str] = set()  #: keys with starts in flight
         self._start_time = StartTime()  #: over all keys, for keys without their own
         self._dirty: set[str] = set()  #: keys the refill task should look at
-        self._hungry: set[str] = set()  #: keys with waiters that could not start (full)
+        #: keys whose waiters need starts they could not have yet (the start bounds, or a
+        #: full pool), in the order they take turns (``_serve_queue``)
+        self._queued: dict[str, None] = {}
         self._spare_keys: set[str] = set()  #: keys named as a spare by some acquire
         self._due: dict[str, float] = {}  #: key -> clock time to look at it again
         self._timer: asyncio.TimerHandle | None = None
@@ -264,7 +275,7 @@ class Pool[W: Worker]:
             self._retire(entry, why, context)
             return
         self._deliver(entry, self._clock())
-        if self._hungry:
+        if self._queued:
             self._wake.set()  # a key waiting for room may evict it now
 
     # --- maintenance ----------------------------------------------------------------------
@@ -383,13 +394,15 @@ class Pool[W: Worker]:
         if self._give_to_waiter(state, entry):
             return True
         if entry.key in self._spare_keys:
-            for other in list(self._keys.values()):
-                if other.spare == entry.key and other.waiters:
-                    self._adopt(entry, other)
-                    if self._give_to_waiter(other, entry):
-                        return True
-                    state = other
-                    break
+            waiting = [
+                other for other in self._keys.values() if other.spare == entry.key and other.waiters
+            ]
+            if waiting:  # the key with the fewest workers: a new tenant before a grown one
+                other = min(waiting, key=lambda k: len(k.busy) + len(k.idle) + k.starting)
+                self._adopt(entry, other)
+                if self._give_to_waiter(other, entry):
+                    return True
+                state = other
         entry.memory_mb = self._factory.memory_mb(entry.worker)
         state.push_idle(entry, now)
         return False
@@ -467,15 +480,54 @@ class Pool[W: Worker]:
         )
 
     def _launch_for_waiters(self, state: KeyState[W]) -> None:
-        """Start workers while the key's waiters outnumber its starts in flight, evicting
-        idle workers of other keys when the pool is full. (A spare that becomes ready
-        meanwhile goes to such a waiter: ``_deliver``.)"""
-        while state.unserved > 0 and not self._closed:
-            if self._room() <= 0 and not self._evict(exclude=state.name):
-                self._hungry.add(state.name)
+        """Queue the key for starts while its waiters outnumber its starts in flight, and
+        hand out the starts that can begin now. (A spare that becomes ready meanwhile goes
+        to such a waiter: ``_deliver``.)"""
+        if state.unserved > 0 and not self._closed:
+            self._queued.setdefault(state.name, None)
+        self._serve_queue()
+
+    def _may_start(self, state: KeyState[W], *, background: bool = False) -> bool:
+        """Whether the start bounds let ``state`` begin one more start now. A background
+        start leaves the last of the pool's starts to callers."""
+        per_key = self._config.max_starting_per_key
+        if per_key is not None and state.starting >= per_key:
+            return False
+        bound = self._config.max_starting
+        if bound is None:
+            return True
+        if background and bound > 1:
+            bound -= 1
+        return self._starting < bound
+
+    def _serve_queue(self) -> None:
+        """Give the queued keys their starts, one at a time, each to the key with the
+        fewest workers (starting, busy and idle) the bounds let start now, until the
+        bounds or the pool's room stop it; evicts idle workers of other keys when the
+        pool is full."""
+        bound = self._config.max_starting
+        while self._queued and not self._closed:
+            if bound is not None and self._starting >= bound:
                 return
+            best: tuple[int, KeyState[W]] | None = None
+            for name in list(self._queued):
+                state = self._keys.get(name)
+                if state is None or state.unserved <= 0:
+                    del self._queued[name]
+                    continue
+                if not self._may_start(state):
+                    continue
+                size = state.starting + len(state.busy) + len(state.idle)
+                if best is None or size < best[0]:
+                    best = (size, state)
+            if best is None:
+                return
+            state = best[1]
+            if self._room() <= 0 and not self._evict(exclude=state.name):
+                return  # full: a release or a finished start wakes the queue again
             self._launch(state)
-        self._hungry.discard(state.name)
+            if state.unserved <= 0:
+                del self._queued[state.name]
 
     def _evict(self, *, exclude: str) -> bool:
         """Stop the least recently used idle worker of another key (keys above their
@@ -532,6 +584,8 @@ class Pool[W: Worker]:
             if not state.starting:
                 self._starting_keys.discard(key)
             self._changed.set()
+            if self._queued:
+                self._wake.set()  # a queued key may take the start this one freed
         if self._closed:
             if worker is not None:
                 self._spawn_stop(worker)
@@ -610,12 +664,7 @@ class Pool[W: Worker]:
             await self._wake.wait()
             self._wake.clear()
             try:
-                for key in list(self._hungry):
-                    hungry = self._keys.get(key)
-                    if hungry is None:
-                        self._hungry.discard(key)
-                    else:
-                        self._launch_for_waiters(hungry)
+                self._serve_queue()  # callers' starts first, then the background's
                 self._refill()
             except Exception:  # a bug here must not stop the pool from refilling
                 logger.exception("pool %s: refill failed", self.name)
@@ -635,6 +684,7 @@ class Pool[W: Worker]:
                 state.supply(now, one_shot=self._one_shot) < target
                 and self._unawaited_starts() < self._config.start_concurrency
                 and self._room() > 0
+                and self._may_start(state, background=True)
             ):
                 self._launch(state)
             if state.supply(now, one_shot=self._one_shot) < target:

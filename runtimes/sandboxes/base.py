@@ -222,6 +222,15 @@ class Process(ABC):
     @abstractmethod
     async def close_stdin(self) -> None: ...
 
+    def pause_output(self) -> None:
+        """Stop taking the command's output until ``resume_output``: nobody reads it, so
+        the command blocks on write as on a full pipe (a backend that cannot: no-op)."""
+        return None
+
+    def resume_output(self) -> None:
+        """Take the command's output again after ``pause_output``."""
+        return None
+
 
 class SandboxBackend(ABC):
     """How one kind of sandbox is made and used on a node."""

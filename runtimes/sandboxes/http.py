@@ -31,6 +31,7 @@ against the node's transfer bounds (``runtimes.sandboxes.transfers``).
 
 from __future__ import annotations
 
+import errno
 import hmac
 import json
 import logging
@@ -48,13 +49,15 @@ from runtimes.sandboxes.base import FileStream, SandboxError
 from runtimes.sandboxes.manager import SandboxManager
 from runtimes.sandboxes.processes import ProcessTable, process_routes
 from runtimes.sandboxes.transfers import Slot, TransferSlots
-from runtimes.sandboxes.watch import WatcherTable, watcher_routes
+from runtimes.sandboxes.watch import WatcherTable, WatchLimits, watcher_routes
 from wire.sandboxes import MAX_PAGE, ExecRequest, SandboxInventory, SandboxSpec
 
 log = logging.getLogger(__name__)
 
 MAX_SPEC_BYTES = 1 << 20
 MAX_FILE_BYTES = 256 << 20  #: largest file read or written in one request
+#: errors of a node out of resources (descriptors, inotify watches, memory): 503
+_EXHAUSTED = {errno.EMFILE, errno.ENFILE, errno.ENOSPC, errno.ENOMEM}
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -125,6 +128,7 @@ def sandbox_routes(
     *,
     node_id: str,
     transfers: TransferSlots | None = None,
+    watch_limits: WatchLimits | None = None,
 ) -> list[Route]:
     expected = f"Bearer {token}".encode()
     slots = transfers or TransferSlots()
@@ -145,6 +149,13 @@ def sandbox_routes(
                 return _error(422, "validation_error", detail)
             except (ValueError, KeyError) as exc:
                 return _error(400, "bad_request", str(exc))
+            except OSError as exc:
+                if exc.errno not in _EXHAUSTED:
+                    raise
+                # the node is out of descriptors, inotify watches or memory: a clear
+                # answer, one line in the log (rate-limited), no traceback per call
+                log.warning("%s %s refused: %s", request.method, request.url.path, exc)
+                return _error(503, "no_capacity", "the node is out of resources; retry")
 
         return run
 
@@ -302,6 +313,6 @@ def sandbox_routes(
         ("/snapshots", snapshots, ["GET"]),
         ("/snapshots/{snapshot_id}", delete_snapshot, ["DELETE"]),
         *process_routes(ProcessTable(manager)),
-        *watcher_routes(WatcherTable(manager)),
+        *watcher_routes(WatcherTable(manager, watch_limits)),
     ]
     return [Route(path, guarded(handler), methods=methods) for path, handler, methods in table]

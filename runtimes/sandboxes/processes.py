@@ -3,11 +3,14 @@
 ``ProcessTable`` keeps, per sandbox, the processes started through it (by pid, with an
 optional tag). One pump task per process reads its events once and fans them out to
 every stream following it: the stream that started it, and any number that connect
-later (they see the output from the moment they connect, not what came before). A
-follower that falls ``MAX_QUEUED`` events behind is dropped (its stream ends without an
-``exit`` event) rather than holding memory for it. A process leaves the table when it
-exits, is killed by its own ``timeout_s``, or its sandbox ends; a follower going away
-never stops it.
+later. Output that comes while nobody follows is kept for the next follower, which gets
+it first (the *backlog*), then what comes after. Nothing is drained that nobody reads:
+while the backlog or any follower's queue holds ``BUFFER_BYTES`` of output, the process's
+output is paused (``Process.pause_output``: the node stops reading its pipes, which fill,
+and the command blocks on write, as on a pipe nobody reads) until a follower takes it.
+So an unread ``yes`` costs the node at most ``BUFFER_BYTES`` (plus a few chunks in
+flight) and no CPU. A process leaves the table when it exits, is killed by its own
+``timeout_s``, or its sandbox ends; a follower going away never stops it.
 
 Routes (added to the node's sandbox API by ``runtimes.sandboxes.http``, same token):
 
@@ -22,6 +25,8 @@ Routes (added to the node's sandbox API by ``runtimes.sandboxes.http``, same tok
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import itertools
 import logging
 import time
@@ -34,12 +39,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from runtimes.sandboxes.base import Process, SandboxError
 from runtimes.sandboxes.manager import SandboxManager
 from wire.processes import ProcessInfo, ProcessSignal, StartProcess
-from wire.sandboxes import ExecEvent, ExecExit, ExecStarted
+from wire.sandboxes import ExecEvent, ExecExit, ExecOutput, ExecStarted
 
 log = logging.getLogger(__name__)
 
-#: events a follower may fall behind before it is dropped
-MAX_QUEUED = 4096
+#: output held per process for followers that have not taken it (or for the next one to
+#: connect) before the process's output is paused
+BUFFER_BYTES = 1 << 20
 MAX_STDIN_BYTES = 16 << 20
 MAX_REQUEST_BYTES = 1 << 20
 #: pids handed out when the backend could not tell a process's own (it exited at once)
@@ -54,21 +60,23 @@ class StdinClosed(SandboxError):
     status, code = 409, "stdin_closed"
 
 
+def _size(event: ExecEvent | None) -> int:
+    return len(event.data) if isinstance(event, ExecOutput) else 0
+
+
 class _Follower:
     def __init__(self) -> None:
         self.queue: asyncio.Queue[ExecEvent | None] = asyncio.Queue()
-        self.dropped = False
+        self.queued_bytes = 0
 
     def offer(self, event: ExecEvent | None) -> None:
-        if self.dropped:
-            return
-        if event is not None and self.queue.qsize() >= MAX_QUEUED:
-            self.dropped = True
-            while not self.queue.empty():
-                self.queue.get_nowait()
-            self.queue.put_nowait(None)
-            return
+        self.queued_bytes += _size(event)
         self.queue.put_nowait(event)
+
+    async def take(self) -> ExecEvent | None:
+        event = await self.queue.get()
+        self.queued_bytes -= _size(event)
+        return event
 
 
 @dataclass
@@ -80,6 +88,23 @@ class _Running:
     started_at: float
     followers: set[_Follower] = field(default_factory=set)
     pump: asyncio.Task[None] | None = None
+    #: output that came while nobody followed, for the next follower
+    backlog: collections.deque[ExecEvent] = field(default_factory=collections.deque)
+    backlog_bytes: int = 0
+    paused: bool = False
+
+    def regulate(self) -> None:
+        """Pause the process's output while ``BUFFER_BYTES`` wait to be taken (in the
+        backlog, or in any follower's queue), resume it once none is that full."""
+        full = self.backlog_bytes >= BUFFER_BYTES or any(
+            follower.queued_bytes >= BUFFER_BYTES for follower in self.followers
+        )
+        if full != self.paused:
+            self.paused = full
+            if full:
+                self.process.pause_output()
+            else:
+                self.process.resume_output()
 
     def info(self) -> ProcessInfo:
         request = self.start.request
@@ -117,10 +142,14 @@ class ProcessTable:
         return [r.info() for r in self._running.get(sandbox_id, {}).values()]
 
     def follow(self, sandbox_id: str, pid: int) -> AsyncIterator[ExecEvent]:
-        """Follow a running process from now on (a ``started`` event first)."""
+        """Follow a running process: a ``started`` event, the output nobody took yet
+        (the backlog), then what comes from now on."""
         running = self._get(sandbox_id, pid)
         follower = _Follower()
         follower.offer(ExecStarted(pid=pid))
+        while running.backlog:
+            follower.offer(running.backlog.popleft())
+        running.backlog_bytes = 0
         running.followers.add(follower)
         return self._follow(running, follower)
 
@@ -158,8 +187,12 @@ class ProcessTable:
                 if isinstance(event, ExecStarted):
                     continue  # each follower got its own, with the table's pid
                 exited = exited or isinstance(event, ExecExit)
+                if not running.followers:
+                    running.backlog.append(event)
+                    running.backlog_bytes += _size(event)
                 for follower in list(running.followers):
                     follower.offer(event)
+                running.regulate()
         except Exception:
             log.exception(
                 "sandbox=%s: process %d: its events failed", running.sandbox_id, running.pid
@@ -180,12 +213,50 @@ class ProcessTable:
             )
 
     @staticmethod
-    async def _follow(running: _Running, follower: _Follower) -> AsyncIterator[ExecEvent]:
+    def _follow(running: _Running, follower: _Follower) -> AsyncIterator[ExecEvent]:
+        return _Stream(running, follower)
+
+
+class _Stream:
+    """One follower's events. Closed (or dropped) before it was read to its end, it
+    leaves the process at once, even if it was never read at all (a generator that never
+    started would never run its clean-up, and its full queue would keep the process
+    paused)."""
+
+    def __init__(self, running: _Running, follower: _Follower) -> None:
+        self._running = running
+        self._follower: _Follower | None = follower
+
+    def __aiter__(self) -> _Stream:
+        return self
+
+    async def __anext__(self) -> ExecEvent:
+        follower = self._follower
+        if follower is None:
+            raise StopAsyncIteration
         try:
-            while (event := await follower.queue.get()) is not None:
-                yield event
-        finally:
-            running.followers.discard(follower)
+            event = await follower.take()
+        except BaseException:
+            self._leave()
+            raise
+        if event is None:
+            self._leave()
+            raise StopAsyncIteration
+        self._running.regulate()
+        return event
+
+    async def aclose(self) -> None:
+        self._leave()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # at exit the loop may be gone
+            self._leave()
+
+    def _leave(self) -> None:
+        follower, self._follower = self._follower, None
+        if follower is not None:
+            self._running.followers.discard(follower)
+            self._running.regulate()
 
 
 Handler = Callable[[Request], Awaitable[Response]]

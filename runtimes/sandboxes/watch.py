@@ -4,8 +4,12 @@ A watch is on one directory (not its subdirectories) and made by the sandbox's b
 (``SandboxBackend.watch_dir``; containers: ``runtimes.sandboxes.inotify``); its events
 wait in it until read.
 
-``WatcherTable`` keeps the watches by id, per sandbox (at most ``MAX_PER_SANDBOX``); a
-watch whose sandbox has ended, or that nobody has read for ``IDLE_S``, is closed.
+``WatcherTable`` keeps the watches by id, at most ``WatchLimits.per_sandbox`` per sandbox
+(409 ``too_many_watchers``), ``per_tenant`` over a tenant's sandboxes on this node (429
+``watcher_quota_exceeded``: one tenant's watchers never take another's) and
+``per_node`` over all (503 ``no_capacity``, as when the kernel refuses a watch); a watch
+whose sandbox has ended, or that nobody has read for ``IDLE_S``, is closed. Its log lines
+name the watcher by id; the tenant's path appears bounded and escaped only.
 
 Routes (added to the node's sandbox API by ``runtimes.sandboxes.http``, same token):
 
@@ -28,12 +32,22 @@ from starlette.responses import JSONResponse, Response
 
 from runtimes.sandboxes.base import DirWatch, SandboxError, SandboxNotFound, SandboxPathError
 from runtimes.sandboxes.manager import SandboxManager
+from wire.logsafe import loggable
 from wire.sandboxes import WatchEvents
 
 log = logging.getLogger(__name__)
 
 MAX_PER_SANDBOX = 32
 IDLE_S = 600.0
+
+
+@dataclass(frozen=True)
+class WatchLimits:
+    """Watchers the node holds at most (``NodeSettings.sandbox_max_watchers*``)."""
+
+    per_sandbox: int = MAX_PER_SANDBOX
+    per_tenant: int = 64
+    per_node: int = 1024
 
 
 class WatcherNotFound(SandboxError):
@@ -44,29 +58,50 @@ class TooManyWatchers(SandboxError):
     status, code = 409, "too_many_watchers"
 
 
+class WatcherQuotaExceeded(SandboxError):
+    status, code = 429, "watcher_quota_exceeded"
+
+
+class NodeWatchersFull(SandboxError):
+    status, code = 503, "no_capacity"
+
+
 @dataclass
 class _Watcher:
     sandbox_id: str
+    tenant_id: str
     watch: DirWatch
     read_at: float = field(default_factory=time.monotonic)
 
 
 class WatcherTable:
-    def __init__(self, manager: SandboxManager) -> None:
+    def __init__(self, manager: SandboxManager, limits: WatchLimits | None = None) -> None:
         self._manager = manager
+        self.limits = limits or WatchLimits()
         self._watchers: dict[str, _Watcher] = {}
         manager.on_close(self.close)
 
     async def create(self, sandbox_id: str, path: str, user: str | None = None) -> str:
         self._sweep()
         backend, spec = self._manager.backend_of(sandbox_id)
-        if sum(w.sandbox_id == sandbox_id for w in self._watchers.values()) >= MAX_PER_SANDBOX:
-            raise TooManyWatchers(f"sandbox {sandbox_id} has {MAX_PER_SANDBOX} watchers")
+        self._admit(sandbox_id, spec.tenant_id)
         watch = await backend.watch_dir(sandbox_id, path, user=user or spec.user)
         watcher_id = secrets.token_hex(8)
-        self._watchers[watcher_id] = _Watcher(sandbox_id, watch)
-        log.info("sandbox=%s: watching %s (%s)", sandbox_id, path, watcher_id)
+        self._watchers[watcher_id] = _Watcher(sandbox_id, spec.tenant_id, watch)
+        log.info("sandbox=%s: watcher %s on %s", sandbox_id, watcher_id, loggable(path))
         return watcher_id
+
+    def _admit(self, sandbox_id: str, tenant_id: str) -> None:
+        """Refuse a watcher past the sandbox's, the tenant's or the node's cap."""
+        limits, watchers = self.limits, self._watchers.values()
+        if sum(w.sandbox_id == sandbox_id for w in watchers) >= limits.per_sandbox:
+            raise TooManyWatchers(f"sandbox {sandbox_id} has {limits.per_sandbox} watchers")
+        if sum(w.tenant_id == tenant_id for w in watchers) >= limits.per_tenant:
+            raise WatcherQuotaExceeded(
+                f"the tenant holds {limits.per_tenant} watchers on this node, its most"
+            )
+        if len(self._watchers) >= limits.per_node:
+            raise NodeWatchersFull(f"the node holds {limits.per_node} watchers, its most")
 
     def events(self, sandbox_id: str, watcher_id: str) -> WatchEvents:
         watcher = self._get(sandbox_id, watcher_id)

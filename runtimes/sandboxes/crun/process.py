@@ -5,9 +5,13 @@ Either way the command gets a session of its own, so its whole tree (children
 and grandchildren that did not start sessions of their own) is found by session id in
 the sandbox's cgroup and signalled together: on timeout, on ``signal``, and on kill.
 Output is read from the pipes as it comes; each stream keeps the request's cap and
-counts what it dropped. When the command has exited, output its background children
-still write is read for a short grace period, then the pipes are closed (a daemon
-holding stdout must not hold the answer).
+counts what it dropped. Past its cap a stream is drained by the kernel (``discard``:
+spliced to /dev/null), not read. Output waits for its consumer: at most
+``QUEUED_OUTPUTS`` chunks are queued, and ``pause_output`` (the process table, when
+nobody reads a background command) stops reading the pipes, so the command blocks on
+write as it would on a full pipe. When the command has exited, output its background
+children still write is read for a short grace period, then the pipes are closed (a
+daemon holding stdout must not hold the answer).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pathlib import Path
 from typing import Protocol
 
 from runtimes.sandboxes.base import Process
+from runtimes.sandboxes.crun.discard import discard
 from wire.sandboxes import ExecEvent, ExecExit, ExecOutput, ExecStarted
 
 log = logging.getLogger(__name__)
@@ -30,6 +35,20 @@ log = logging.getLogger(__name__)
 #: how long output of background children is still read once the command has exited
 DRAIN_GRACE_S = 0.05
 READ_CHUNK = 64 * 1024
+#: output chunks queued for the consumer at most; the pipes' readers wait beyond
+QUEUED_OUTPUTS = 4
+#: how long the command's session may take to end after SIGKILL (a wedged init may never
+#: report it); then it is reported killed anyway
+KILL_WAIT_S = 5.0
+
+
+def _pipe_transport(stream: asyncio.StreamReader) -> asyncio.ReadTransport | None:
+    """The pipe transport that feeds ``stream`` (its ``StreamReaderProtocol`` handed it
+    to the reader), or None."""
+    transport = getattr(stream, "_transport", None)
+    if isinstance(transport, asyncio.ReadTransport) and transport.get_extra_info("pipe"):
+        return transport
+    return None
 
 
 def session_members(procs_file: Path, session: int) -> list[int]:
@@ -94,6 +113,10 @@ class CrunProcess(Process):
         self._cap = max_output_bytes
         self._on_exit = on_exit
         self._queue: asyncio.Queue[ExecEvent | None] = asyncio.Queue()
+        self._room = asyncio.Semaphore(QUEUED_OUTPUTS)  #: output chunks the queue may take
+        self._flowing = asyncio.Event()  #: cleared by ``pause_output``
+        self._flowing.set()
+        self._discarding: set[str] = set()  #: streams past their cap, drained by the kernel
         self._kept = {"stdout": 0, "stderr": 0}
         self._dropped = {"stdout": 0, "stderr": 0}
         self._signalled: int | None = None
@@ -104,14 +127,24 @@ class CrunProcess(Process):
     async def _read(self, stream: asyncio.StreamReader | None, name: str) -> None:
         if stream is None:
             return
-        while chunk := await stream.read(READ_CHUNK):
+        while True:
+            await self._flowing.wait()
+            chunk = await stream.read(READ_CHUNK)
+            if not chunk:
+                return
             room = self._cap - self._kept[name]
             kept = chunk[: max(room, 0)]
             self._dropped[name] += len(chunk) - len(kept)
             if kept:
                 self._kept[name] += len(kept)
                 text = kept.decode("utf-8", "replace")
+                await self._room.acquire()
                 self._queue.put_nowait(ExecOutput(stream=name, data=text))
+            elif (transport := _pipe_transport(stream)) is not None:
+                # past the cap (a whole chunk dropped): the kernel drains the rest
+                self._discarding.add(name)
+                self._dropped[name] += await discard(transport)
+                return
 
     async def _run(self) -> None:
         self._queue.put_nowait(ExecStarted(pid=self.pid))
@@ -124,7 +157,7 @@ class CrunProcess(Process):
             except TimeoutError:
                 self._timed_out = True
                 await self._kill_session(signal.SIGKILL)
-                code = await self._proc.wait()
+                code = await self._reaped()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(readers), DRAIN_GRACE_S)
         finally:
@@ -159,9 +192,46 @@ class CrunProcess(Process):
         )
         self._queue.put_nowait(None)
 
+    async def _reaped(self) -> int:
+        """The command's exit status after SIGKILL; if it does not come within
+        ``KILL_WAIT_S`` (the sandbox's init does not report it), killed all the same."""
+        try:
+            return await asyncio.wait_for(self._proc.wait(), KILL_WAIT_S)
+        except TimeoutError:
+            log.warning(
+                "exec %s: no exit reported %.0f s after SIGKILL; reported as killed",
+                self.host_pid,
+                KILL_WAIT_S,
+            )
+            return -int(signal.SIGKILL)
+
     async def events(self) -> AsyncIterator[ExecEvent]:
         while (event := await self._queue.get()) is not None:
+            if isinstance(event, ExecOutput):
+                self._room.release()
             yield event
+
+    def pause_output(self) -> None:
+        """Stop reading the command's pipes (they fill, and the command blocks on write)
+        until ``resume_output``; output past the cap is still discarded."""
+        self._flowing.clear()
+        for transport in self._transports():
+            transport.pause_reading()
+
+    def resume_output(self) -> None:
+        self._flowing.set()
+        for transport in self._transports():
+            transport.resume_reading()
+
+    def _transports(self) -> list[asyncio.ReadTransport]:
+        found = []
+        for name, stream in (("stdout", self._proc.stdout), ("stderr", self._proc.stderr)):
+            if stream is None or name in self._discarding or stream.at_eof():
+                continue
+            transport = _pipe_transport(stream)
+            if transport is not None and not transport.is_closing():
+                found.append(transport)
+        return found
 
     async def _kill_session(self, signum: int) -> None:
         """Signal every process of the command's session, again until none is left when

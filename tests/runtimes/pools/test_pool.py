@@ -233,6 +233,88 @@ async def test_acquire_times_out_when_full(make_pool: MakePool) -> None:
     pool.release(held)
 
 
+# --- bounded starts ---------------------------------------------------------------------
+
+
+async def test_a_burst_of_one_key_starts_within_the_bounds(make_pool: MakePool) -> None:
+    factory = FakeFactory()
+    pool = make_pool(factory, max_workers=64, max_starting=3, max_starting_per_key=2)
+    await pool.start()
+    factory.gate.clear()
+    burst = [asyncio.create_task(pool.acquire("a")) for _ in range(40)]
+    others = [asyncio.create_task(pool.acquire(key)) for key in ("b", "c") for _ in range(10)]
+    await settle()
+    assert factory.in_flight == {"a": 2, "b": 1}  # per key 2, 3 over all; c waits its turn
+    factory.gate.set()
+    workers = await asyncio.gather(*burst, *others)
+    for worker in workers:
+        pool.release(worker)
+    assert max(factory.most_in_flight.values()) == 2
+    assert factory.most_in_flight_total == 3
+    assert {w.key for w in workers} == {"a", "b", "c"}
+
+
+async def test_a_keys_blocked_growth_does_not_hold_another_keys_calls(
+    make_pool: MakePool,
+) -> None:
+    factory = FakeFactory()
+    factory.gates["a"] = asyncio.Event()  # every start of key a hangs
+    pool = make_pool(factory, max_workers=16, max_starting=4, max_starting_per_key=2)
+    await pool.start()
+
+    async def call(key: str) -> FakeWorker:
+        worker = await pool.acquire(key)
+        pool.release(worker)
+        return worker
+
+    burst = [asyncio.create_task(call("a")) for _ in range(100)]
+    await settle()
+    assert factory.in_flight["a"] == 2
+    other = await asyncio.wait_for(call("b"), timeout=5)  # a hang guard only
+    assert other.key == "b" and not any(task.done() for task in burst)
+    factory.gates["a"].set()
+    assert {worker.key for worker in await asyncio.gather(*burst)} == {"a"}
+    assert factory.most_in_flight["a"] == 2
+
+
+async def test_the_next_start_goes_to_the_key_with_the_fewest_workers(
+    make_pool: MakePool,
+) -> None:
+    factory = FakeFactory()
+    pool = make_pool(factory, max_starting=1)
+    await pool.start()
+    held = [await pool.acquire("big") for _ in range(3)]
+    factory.gate.clear()
+    big = [asyncio.create_task(pool.acquire("big")) for _ in range(5)]
+    await settle()
+    assert factory.attempts[-1:] == ["big"] and pool.stats()["starting"] == 1
+    small = asyncio.create_task(pool.acquire("small"))
+    await settle()
+    factory.gate.set()
+    await small
+    # the start in flight for "big" finished first; the next one went to "small" (no
+    # workers) although "big" had waited longer
+    assert factory.attempts[3:5] == ["big", "small"]
+    for worker in [*held, *await asyncio.gather(*big), small.result()]:
+        pool.release(worker)
+
+
+async def test_background_starts_leave_a_start_to_callers(make_pool: MakePool) -> None:
+    factory = FakeFactory()
+    pool = make_pool(factory, max_starting=2, start_concurrency=2)
+    pool.declare("spare", Bounds(min=4, max=4))
+    factory.gate.clear()
+    warming = asyncio.create_task(pool.start())
+    await settle()
+    assert factory.in_flight == {"spare": 1}  # the refill takes one of the two
+    caller = asyncio.create_task(pool.acquire("k"))
+    await settle()
+    assert factory.in_flight == {"spare": 1, "k": 1}
+    factory.gate.set()
+    pool.release(await caller)
+    await warming
+
+
 # --- reaper, eviction -------------------------------------------------------------------
 
 
