@@ -61,6 +61,7 @@ class Child:
         self.stdout: asyncio.StreamReader | None = None
         self.stderr: asyncio.StreamReader | None = None
         self._pidfd: int | None = None
+        self._transports: list[asyncio.BaseTransport] = []
         self._exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
     @property
@@ -77,14 +78,24 @@ class Child:
             transport, protocol = await loop.connect_write_pipe(
                 lambda: _WriteProtocol(loop), popen.stdin
             )
+            self._transports.append(transport)
             self.stdin = asyncio.StreamWriter(transport, protocol, None, loop)
         for name in ("stdout", "stderr"):
             pipe = getattr(popen, name)
             if pipe is None:
                 continue
             reader = asyncio.StreamReader(loop=loop)
-            await loop.connect_read_pipe(_reading_into(reader, loop), pipe)
+            reading, _ = await loop.connect_read_pipe(_reading_into(reader, loop), pipe)
+            self._transports.append(reading)
             setattr(self, name, reader)
+
+    def close(self) -> None:
+        """Close the node's ends of the child's pipes (once it is done with them): a read
+        pipe's transport does not close itself at EOF on every event loop (uvloop keeps
+        it open for the protocol), and one left open warns when it is collected."""
+        for transport in self._transports:
+            transport.close()
+        self._transports.clear()
 
     def _on_exit(self) -> None:
         if self._popen.poll() is None:
@@ -133,6 +144,7 @@ async def launch(prepare: Callable[[], subprocess.Popen[bytes]]) -> Child:
     try:
         await child._attach()
     except BaseException:
+        child.close()
         child._close_pidfd()
         await _unwinding(_reaped(popen))
         raise

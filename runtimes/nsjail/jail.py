@@ -283,6 +283,7 @@ class Jail:
                     await self._stderr_task
             if not self._stderr_task.done():
                 self._stderr_task.cancel()
+        proc.close()
         if self._zygote_pidfd is not None:
             # the jailed child must not outlive nsjail (it cannot: PR_SET_PDEATHSIG and
             # the PID namespace both kill it; this is belt and braces)
