@@ -249,9 +249,11 @@ async def exec_compare(sides: dict[str, tuple[str, str]], n: int) -> dict[str, A
     }
 
 
-async def create_compare(sides: dict[str, tuple[str, str]], n: int) -> dict[str, Any]:
-    """Cold create-to-first-exec on two servers (no warm pool), in four halves
-    after-before-before-after, as ``exec_compare``."""
+async def create_compare(
+    sides: dict[str, tuple[str, str]], n: int, pause_s: float = 0.0
+) -> dict[str, Any]:
+    """Create-to-first-exec on two servers, in four halves after-before-before-after, as
+    ``exec_compare`` (``pause_s`` between creates: a pool's refill)."""
     apis = {side: Api(url, key) for side, (url, key) in sides.items()}
     samples: dict[str, list[float]] = {side: [] for side in sides}
     try:
@@ -262,13 +264,20 @@ async def create_compare(sides: dict[str, tuple[str, str]], n: int) -> dict[str,
                 await apis[side].exec(sandbox_id, ["true"])
                 samples[side].append((time.perf_counter() - t0) * 1000)
                 await apis[side].destroy(sandbox_id)
+                if pause_s:
+                    await asyncio.sleep(pause_s)
     finally:
         for api in apis.values():
             await api.http.aclose()
-    return {
-        side: latency_summary(values, wall_s=sum(values) / 1000, errors=0)
-        for side, values in samples.items()
-    }
+    out = {}
+    for side, values in samples.items():
+        out[side] = latency_summary(values, wall_s=sum(values) / 1000, errors=0)
+        timings = apis[side].timings
+        out[side]["phases"] = {
+            name: round(statistics.median(t[name] or 0.0 for t in timings), 1)
+            for name in ("queue_ms", "image_ms", "setup_ms", "start_ms")
+        }
+    return out
 
 
 async def creates_per_second(api: Api, n: int, concurrency: int) -> dict[str, Any]:
@@ -420,6 +429,12 @@ def main() -> None:
         "--compare",
         help="also measure exec (API and SDK) against the server of this earlier commit",
     )
+    parser.add_argument(
+        "--compare-warm",
+        type=int,
+        default=0,
+        help="warm python sandboxes of both --compare servers (their creates then claim)",
+    )
     args = parser.parse_args()
 
     if not args.url and not (IMAGES / "names" / "python").exists():
@@ -487,13 +502,17 @@ def main() -> None:
         (tree / "var").symlink_to(ROOT / "var")  # the same images and guest binaries
         guest = "deploy/sandbox/bin"  # built here, not in git
         shutil.copytree(ROOT / guest, tree / guest, dirs_exist_ok=True)
-        servers = {"after": serve(0), "before": serve(0, tree)}
+        warm = args.compare_warm
+        servers = {"after": serve(warm), "before": serve(warm, tree)}
         try:
             sides = {side: (s.url, bench_key(s)) for side, s in servers.items()}
             compared = asyncio.run(exec_compare(sides, args.execs))
             result["exec_compare"] = {"revision": args.compare, **compared}
-            created = asyncio.run(create_compare(sides, args.creates))
-            result["create_to_first_exec_cold_compare"] = {"revision": args.compare, **created}
+            if warm:
+                time.sleep(3)  # the pools warm up
+            created = asyncio.run(create_compare(sides, args.creates, 0.3 if warm else 0.0))
+            kind = "pool" if warm else "cold"
+            result[f"create_to_first_exec_{kind}_compare"] = {"revision": args.compare, **created}
         finally:
             for server in servers.values():
                 server.stop_and_release()
