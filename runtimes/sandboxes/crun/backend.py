@@ -427,14 +427,6 @@ class CrunBackend(SandboxBackend):
             self.ranges.release(directory, ids.slot)
         shutil.rmtree(directory, ignore_errors=True)
 
-    def rootfs(self, sandbox_id: str) -> Path:
-        """Where the host sees the sandbox's root file system."""
-        directory = self._dir(sandbox_id)
-        ids = self._ids_of(directory)
-        if ids is not None and self.ranges is not None:
-            return self.ranges.rootfs(ids)
-        return directory / "rootfs"
-
     def _ids_of(self, directory: Path) -> IdRange | None:
         """The id range the sandbox in ``directory`` holds (its record, else the
         registry: a create that failed before writing its record)."""
