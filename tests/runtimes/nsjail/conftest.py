@@ -94,3 +94,21 @@ def still_works() -> Callable[..., Coroutine[Any, Any, None]]:
 def new_runtime() -> Callable[..., NsjailRuntime]:
     """``new_runtime(**config_overrides)``: an unstarted runtime with test defaults."""
     return make_runtime
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def python_only(
+    new_runtime: Callable[..., NsjailRuntime],
+) -> AsyncIterator[Callable[..., Coroutine[Any, Any, NsjailRuntime]]]:
+    """``await make(**config)``: a started python-only runtime, closed after the test."""
+    started: list[NsjailRuntime] = []
+
+    async def make(**overrides: Any) -> NsjailRuntime:
+        rt = new_runtime(languages=["python"], **overrides)
+        await rt.start()
+        started.append(rt)
+        return rt
+
+    yield make
+    for rt in started:
+        await rt.close()

@@ -6,11 +6,10 @@ from __future__ import annotations
 import asyncio
 import os
 import pathlib
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from runtimes.nsjail import NsjailConfig, NsjailRuntime, cgroups
 from wire.messages import pool_key
@@ -53,24 +52,6 @@ async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
             return
         await asyncio.sleep(0.02)
     raise AssertionError("condition not reached")
-
-
-@pytest_asyncio.fixture(loop_scope="module")
-async def python_only(
-    new_runtime: Callable[..., NsjailRuntime],
-) -> AsyncIterator[Callable[..., Coroutine[Any, Any, NsjailRuntime]]]:
-    """``await make(**config)``: a started python-only runtime, closed after the test."""
-    started: list[NsjailRuntime] = []
-
-    async def make(**overrides: Any) -> NsjailRuntime:
-        rt = new_runtime(languages=["python"], **overrides)
-        await rt.start()
-        started.append(rt)
-        return rt
-
-    yield make
-    for rt in started:
-        await rt.close()
 
 
 async def test_tenants_never_share_a_jail(run: RunFn, python_only: Any) -> None:

@@ -9,12 +9,11 @@ import asyncio
 import os
 import subprocess
 import threading
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from runtimes.nsjail import NsjailRuntime
 from runtimes.nsjail.jail import Jail
@@ -25,23 +24,6 @@ pytestmark = [pytest.mark.nsjail, pytest.mark.asyncio(loop_scope="module")]
 RunFn = Callable[..., Coroutine[Any, Any, Any]]
 CGROUP_ROOT = "/sys/fs/cgroup"
 V1 = Path(CGROUP_ROOT, "memory").is_dir()
-
-
-@pytest_asyncio.fixture(loop_scope="module")
-async def python_only(
-    new_runtime: Callable[..., NsjailRuntime],
-) -> AsyncIterator[Callable[..., Coroutine[Any, Any, NsjailRuntime]]]:
-    started: list[NsjailRuntime] = []
-
-    async def make(**overrides: Any) -> NsjailRuntime:
-        rt = new_runtime(languages=["python"], **overrides)
-        await rt.start()
-        started.append(rt)
-        return rt
-
-    yield make
-    for rt in started:
-        await rt.close()
 
 
 async def test_jail_starts_and_stops_run_off_the_event_loop(
