@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -75,8 +77,8 @@ CGROUP_V1 = Path("/sys/fs/cgroup")
 PID_FILE_WAIT_S = 5.0
 #: a sandbox's place on the node's sandbox network (``runtimes.sandboxes.network``)
 NETWORK_FILE = "network.json"
-#: the node's copy of ``corral-init`` that sandboxes bind-mount (a tmpfs of its own)
-INIT_DIR = ".init"
+#: where sandboxes bind-mount ``corral-init`` from: a tmpfs of the host's own
+INIT_DIR = Path("/run/corral/init")
 
 
 class RuntimeCommandError(SandboxError):
@@ -118,6 +120,7 @@ class CrunBackend(SandboxBackend):
         self.memory_limit_mb = memory_limit_mb
         self.cgroup_parent = cgroup_parent
         self._binary: str | None = None
+        self._init_copy = self.init_binary  #: the tmpfs copy, once started
         self._processes: dict[str, set[CrunProcess]] = {}
         self._meta: dict[str, dict[str, Any]] = {}
 
@@ -166,19 +169,29 @@ class CrunBackend(SandboxBackend):
         return fallback
 
     def _install_init(self) -> None:
-        """The node's copy of ``corral-init``, alone on a small read-only tmpfs: what a
-        sandbox bind-mounts as its PID 1 (its mountinfo then names no host path). A
-        previous copy is detached first; sandboxes still running keep theirs."""
-        directory = self.root / INIT_DIR
-        mounts.unmount(directory)
-        directory.mkdir(mode=0o755, exist_ok=True)
-        flags = mounts.MS_NOSUID | mounts.MS_NODEV
-        mounts.mount("corral-init", directory, "tmpfs", "size=8m,mode=0755", flags)
-        shutil.copyfile(self.init_binary, directory / "corral-init")
-        os.chmod(directory / "corral-init", 0o555)
-        mounts.mount(
-            "corral-init", directory, "tmpfs", "", flags | mounts.MS_REMOUNT | mounts.MS_RDONLY
-        )
+        """The copy of ``corral-init`` sandboxes bind-mount as their PID 1: on a small
+        tmpfs of the host's own (``INIT_DIR``, one for every node on the host, mounted
+        once and never unmounted, so a node that crashes leaves nothing under its data dir
+        and sandboxes it left running keep theirs), named by its content, so an upgraded
+        binary never replaces the one running sandboxes use. A sandbox's mountinfo then
+        names no host path, only that file on a tmpfs."""
+        digest = hashlib.sha256(self.init_binary.read_bytes()).hexdigest()[:16]
+        INIT_DIR.mkdir(parents=True, exist_ok=True, mode=0o755)
+        lock = os.open(f"{INIT_DIR}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not mounts.is_mount(INIT_DIR):
+                flags = mounts.MS_NOSUID | mounts.MS_NODEV
+                mounts.mount("corral-init", INIT_DIR, "tmpfs", "size=64m,mode=0755", flags)
+            target = INIT_DIR / f"corral-init-{digest}"
+            if not target.exists():
+                staging = target.with_suffix(".tmp")
+                shutil.copyfile(self.init_binary, staging)
+                os.chmod(staging, 0o555)
+                staging.rename(target)
+        finally:
+            os.close(lock)
+        self._init_copy = target
 
     def _bound_all(self) -> None:
         """The memory limit of all sandboxes together, on their parent cgroup."""
@@ -205,7 +218,6 @@ class CrunBackend(SandboxBackend):
         if self.network is not None:
             await self.network.close()
         self._namespaces.close()
-        await asyncio.to_thread(mounts.unmount, self.root / INIT_DIR)
 
     # --- lifecycle ----------------------------------------------------------------------
     def _cid(self, sandbox_id: str) -> str:
@@ -305,7 +317,7 @@ class CrunBackend(SandboxBackend):
         config = bundle.config(
             spec,
             rootfs=rootfs,
-            init_binary=self.root / INIT_DIR / "corral-init",
+            init_binary=self._init_copy,
             cgroup_parent=self.cgroup_parent,
             ids=ids,
             views=self.lxcfs.views(),

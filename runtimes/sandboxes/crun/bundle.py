@@ -7,7 +7,7 @@ namespace maps the sandbox's ids 0-65535 to a host range no other sandbox holds
 reaches only the sandbox's own namespaces and files, under ``no_new_privs`` and the
 seccomp allow-list (``runtimes.sandboxes.crun.seccomp``); commands run as the image's
 unprivileged user unless asked otherwise. PID 1 is ``corral-init`` (bind-mounted
-read-only from the node's own small tmpfs, so no host path shows in the sandbox's
+read-only from a small tmpfs of the host's own, so no host path shows in the sandbox's
 mountinfo), run as root: nothing inside can kill it, write its memory or change its
 limits, it reaps orphans, and it starts the node's commands (``crun.spawn``). Host-wide
 figures are masked or replaced by the sandbox's own (``crun.lxcfs``).

@@ -266,3 +266,18 @@ async def test_all_sandboxes_together_stay_within_the_nodes_sandbox_memory(
     finally:
         for made in Path("/sys/fs/cgroup").glob(f"*/{parent}"):  # noqa: ASYNC240 - cgroupfs
             made.rmdir()
+
+
+async def test_a_node_that_stops_without_closing_leaves_no_mount_in_its_data_dir(
+    tmp_path: Path, busybox_image: RootImage
+) -> None:
+    """A crashed node's data dir can be removed: nothing of the backend's own (its copy of
+    init, its LXCFS) is mounted there, only what each live sandbox holds."""
+    data = tmp_path / "data"
+    backend = CrunBackend(data)
+    await backend.start()
+    await backend.create(spec("sbx-crashed"), busybox_image)
+    await backend.destroy("sbx-crashed")  # and then the node dies: no close()
+    with open("/proc/self/mountinfo") as f:  # noqa: ASYNC230 - procfs
+        held = [line.split()[4] for line in f if line.split()[4].startswith(str(data))]
+    assert held == []
