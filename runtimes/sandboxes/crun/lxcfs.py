@@ -10,6 +10,7 @@ own uptime and load. Each sandbox bind-mounts them over the host's (``views``).
 
 One LXCFS serves the whole host (every node on it), mounted at a fixed directory and
 started on first need by whichever node finds it missing or dead (under a host-wide lock);
+a create that finds it dead (its mount answers ENOTCONN: the process ended) restarts it.
 it is not the node's child, so sandboxes a node left running keep their figures across
 the node's restarts. It runs in a cgroup of its own with a CPU quota, so a sandbox that
 reads these files in a loop slows only these reads, never the node. Without ``lxcfs``
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -68,7 +70,11 @@ class Lxcfs:
         return self.serving
 
     def views(self) -> list[dict[str, Any]]:
-        """Bind mounts of the sandbox's own figures (none when LXCFS does not serve)."""
+        """Bind mounts of the sandbox's own figures (none when LXCFS does not serve), for
+        a sandbox about to start: blocking (called off the event loop). A dead LXCFS is
+        restarted first, so the new sandbox never binds a mount that answers ENOTCONN."""
+        if self.serving and not self._answers():
+            self.serving = self._ensure()
         if not self.serving:
             return []
         return [
@@ -89,7 +95,9 @@ class Lxcfs:
                 "in /proc (run scripts/setup-sandboxes.sh)"
             )
             return False
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o755)
+        self.directory.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(self.directory, 0o755)  # a dead mount here is a directory too
         lock = os.open(f"{self.directory}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -101,12 +109,16 @@ class Lxcfs:
             os.close(lock)
 
     def _alive(self) -> bool:
-        if not _is_lxcfs_mount(self.directory):
-            return False
+        return _is_lxcfs_mount(self.directory) and self._answers()
+
+    def _answers(self) -> bool:
+        """Whether the mount serves (one small read; a dead FUSE answers ENOTCONN)."""
         try:
             with open(self.directory / "proc" / "uptime", "rb") as f:
                 return bool(f.read(64))
-        except OSError:
+        except OSError as err:
+            if err.errno != errno.ENOTCONN:
+                log.warning("lxcfs at %s does not answer: %s", self.directory, err)
             return False
 
     def _start(self, binary: str) -> bool:
