@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 
 #: processes in a jail's pids group besides those RLIMIT_NPROC counts for its code: nsjail
 #: itself (v1), and the courier the template forks a spare through where it cannot fork
-#: it as PID 1's child directly (``zygote.SiblingFork``)
+#: it as PID 1's child directly (``zygote.siblingfork.SiblingFork``)
 OUTSIDE_NPROC = 2
 #: a group whose peak came this close to its limit reached it (charges come in batches)
 PEAK_MARGIN_BYTES = 1 << 20

@@ -242,7 +242,7 @@ async def test_each_call_is_one_process_forked_as_pid1s_child(
     run: RunFn, runtime: NsjailRuntime
 ) -> None:
     # the template forks each call's process straight as PID 1's child (clone with
-    # CLONE_PARENT, ``zygote.SiblingFork``), not through a courier that forks it and
+    # CLONE_PARENT, ``zygote.siblingfork.SiblingFork``), not through a courier that forks it and
     # exits: that was one more fork and exit of the interpreter per call. The pids of a
     # jail's calls show it: one process per call, and here one thread (which also
     # checks that glibc's thread descriptor holds the process's own id: pthread_kill
