@@ -58,13 +58,6 @@ def write(path: Path, value: str) -> None:
         f.write(value)
 
 
-def _read_int(path: Path) -> int | None:
-    try:
-        return int(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 class ControlFiles:
     """One group's control files, each opened on first use and kept until ``close``.
 
@@ -349,14 +342,3 @@ class V2JailCgroup:
     def remove(self) -> None:
         self.close_files()
         self.remove_groups()
-
-
-def process_count(cgroup: JailCgroup | None) -> int | None:
-    """Tasks in a jail's pids cgroup (diagnostics only)."""
-    if isinstance(cgroup, V1JailCgroup):
-        path = cgroup.pids / "pids.current"
-    elif isinstance(cgroup, V2JailCgroup):
-        path = cgroup.path / "pids.current"
-    else:
-        return None
-    return _read_int(path)
