@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help run test test-fast lint format bench clean
+.PHONY: help run test lint format clean
 
 help:
 	@echo "make run    start Corral on http://127.0.0.1:8080 (embedded: SQLite, in-process dispatch)"

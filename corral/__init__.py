@@ -6,6 +6,10 @@
         sbx.files.write("/home/user/main.py", "print(6 * 7)")
         print(sbx.exec(["python3", "main.py"]).stdout)  # runs in the user's home
 
+Beyond sandboxes: ``client.run()`` (one program, once), ``client.functions`` (tool
+functions), ``client.usage()``, and with the admin key ``client.tenants`` and
+``client.keys``; these answer the API's JSON as it came.
+
 ``Corral`` (``AsyncCorral`` for asyncio) reads ``CORRAL_URL`` and ``CORRAL_API_KEY``
 unless given ``url`` and ``api_key``. It depends on httpx and the standard library only.
 """
@@ -34,13 +38,24 @@ from corral._errors import (
     ValidationFailed,
 )
 from corral._models import ExecResult, FileEntry, SandboxInfo, Timings
+from corral._resources import (
+    AsyncFunctions,
+    AsyncKeys,
+    AsyncTenants,
+    Functions,
+    Keys,
+    Tenants,
+)
 from corral._sandbox import AsyncFiles, AsyncSandbox, Files, Sandbox
 
 __all__ = [
     "AsyncCorral",
     "AsyncFiles",
+    "AsyncFunctions",
+    "AsyncKeys",
     "AsyncSandbox",
     "AsyncSandboxes",
+    "AsyncTenants",
     "BadRequest",
     "ConcurrencyLimited",
     "Conflict",
@@ -52,8 +67,10 @@ __all__ = [
     "FileEntry",
     "Files",
     "Forbidden",
+    "Functions",
     "ImageNotFound",
     "InvalidPath",
+    "Keys",
     "NoCapacity",
     "NodeUnavailable",
     "NotFound",
@@ -64,6 +81,7 @@ __all__ = [
     "SandboxInfo",
     "SandboxNotRunning",
     "Sandboxes",
+    "Tenants",
     "Timings",
     "Unauthenticated",
     "Unavailable",

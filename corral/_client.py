@@ -1,4 +1,5 @@
-"""``Corral`` and ``AsyncCorral``: a connection to a Corral server and its sandbox API.
+"""``Corral`` and ``AsyncCorral``: a connection to a Corral server: its sandboxes, one-shot
+runs, tool functions, usage, and (with the admin key) tenants and keys.
 
 Both read ``CORRAL_URL`` and ``CORRAL_API_KEY`` when they are made (not at import) unless
 given ``url`` and ``api_key``. Every failure is a ``corral.CorralError``; httpx's own
@@ -15,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from corral import _calls
 from corral._api import (
     DEFAULT_TIMEOUT,
     create_body,
@@ -24,8 +26,17 @@ from corral._api import (
     resolve_key,
     resolve_url,
 )
+from corral._calls import DEFAULT_WAIT_S, Call
 from corral._errors import connection_error, error_from_response
 from corral._models import SandboxInfo
+from corral._resources import (
+    AsyncFunctions,
+    AsyncKeys,
+    AsyncTenants,
+    Functions,
+    Keys,
+    Tenants,
+)
 from corral._sandbox import AsyncSandbox, Sandbox
 
 SANDBOXES = "/v1/sandboxes"
@@ -55,6 +66,63 @@ class Corral:
             transport=transport,
         )
         self.sandboxes = Sandboxes(self)
+        self.functions = Functions(self)
+        self.tenants = Tenants(self)
+        self.keys = Keys(self)
+
+    def run(
+        self,
+        language: str,
+        code: str,
+        *,
+        stdin: str | None = None,
+        run_timeout: float | None = None,
+        memory_limit_mb: int | None = None,
+        wait_s: float | None = DEFAULT_WAIT_S,
+    ) -> dict[str, Any]:
+        """Run ``code`` once (``POST /v1/run``) and return its result; a program that
+        fails is a result (``status``), not an error. ``wait_s`` bounds the wait."""
+        return self._call(
+            _calls.run(
+                language,
+                code,
+                stdin=stdin,
+                run_timeout=run_timeout,
+                memory_limit_mb=memory_limit_mb,
+                wait_s=wait_s,
+            )
+        )
+
+    def usage(
+        self,
+        *,
+        group_by: str | None = None,
+        start: str | None = None,
+        end: str | None = None,
+        tenant: str | None = None,
+    ) -> dict[str, Any]:
+        """Use and cost over a time range (ISO 8601), grouped (``GET /v1/usage``): a
+        tenant's own with its key, anyone's (``tenant``) with the admin key."""
+        return self._call(_calls.usage(group_by=group_by, start=start, end=end, tenant=tenant))
+
+    def usage_csv(
+        self,
+        *,
+        group_by: str | None = None,
+        start: str | None = None,
+        end: str | None = None,
+        tenant: str | None = None,
+    ) -> str:
+        """The same report as CSV: one row per group, then a total row."""
+        call = _calls.usage(group_by=group_by, start=start, end=end, tenant=tenant, csv=True)
+        return self._send_call(call).text
+
+    def _call(self, call: Call) -> dict[str, Any]:
+        return json_object(self._send_call(call))
+
+    def _send_call(self, call: Call) -> httpx.Response:
+        timeout = httpx.Timeout(self.timeout, read=call.read_s) if call.read_s else None
+        return self._send(call.method, call.path, timeout=timeout, **call.request_kwargs())
 
     def _send(
         self,
@@ -182,6 +250,60 @@ class AsyncCorral:
             transport=transport,
         )
         self.sandboxes = AsyncSandboxes(self)
+        self.functions = AsyncFunctions(self)
+        self.tenants = AsyncTenants(self)
+        self.keys = AsyncKeys(self)
+
+    async def run(
+        self,
+        language: str,
+        code: str,
+        *,
+        stdin: str | None = None,
+        run_timeout: float | None = None,
+        memory_limit_mb: int | None = None,
+        wait_s: float | None = DEFAULT_WAIT_S,
+    ) -> dict[str, Any]:
+        return await self._call(
+            _calls.run(
+                language,
+                code,
+                stdin=stdin,
+                run_timeout=run_timeout,
+                memory_limit_mb=memory_limit_mb,
+                wait_s=wait_s,
+            )
+        )
+
+    async def usage(
+        self,
+        *,
+        group_by: str | None = None,
+        start: str | None = None,
+        end: str | None = None,
+        tenant: str | None = None,
+    ) -> dict[str, Any]:
+        return await self._call(
+            _calls.usage(group_by=group_by, start=start, end=end, tenant=tenant)
+        )
+
+    async def usage_csv(
+        self,
+        *,
+        group_by: str | None = None,
+        start: str | None = None,
+        end: str | None = None,
+        tenant: str | None = None,
+    ) -> str:
+        call = _calls.usage(group_by=group_by, start=start, end=end, tenant=tenant, csv=True)
+        return (await self._send_call(call)).text
+
+    async def _call(self, call: Call) -> dict[str, Any]:
+        return json_object(await self._send_call(call))
+
+    async def _send_call(self, call: Call) -> httpx.Response:
+        timeout = httpx.Timeout(self.timeout, read=call.read_s) if call.read_s else None
+        return await self._send(call.method, call.path, timeout=timeout, **call.request_kwargs())
 
     async def _send(
         self,

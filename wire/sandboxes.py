@@ -255,6 +255,8 @@ class FileEntry(_Message):
 
 #: most entries in one page of a directory listing
 MAX_PAGE = 1000
+#: the largest file read or written in one request, by the gateway and the node alike
+MAX_FILE_BYTES = 256 << 20
 
 
 class EntryPage(_Message):

@@ -56,7 +56,6 @@ from app.e2b.errors import (
 )
 from app.errors import BadRequest, InvalidPath, NotFound
 from app.sandboxes.files import (
-    MAX_FILE_BYTES,
     FileAnswer,
     MultipartFiles,
     bounded,
@@ -67,6 +66,7 @@ from app.sandboxes.nodes import NodeClient
 from wire.logsafe import loggable
 from wire.processes import ProcessInfo, StartProcess
 from wire.sandboxes import (
+    MAX_FILE_BYTES,
     ExecEvent,
     ExecExit,
     ExecOutput,

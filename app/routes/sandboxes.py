@@ -20,7 +20,7 @@ from app.db.models import Sandbox, Snapshot
 from app.errors import InvalidPath, ValidationFailed
 from app.http.endpoint import Call, Endpoint, Handler, endpoint
 from app.sandboxes import listing
-from app.sandboxes.files import MAX_FILE_BYTES, FileAnswer, bounded, refuse_declared_over
+from app.sandboxes.files import FileAnswer, bounded, refuse_declared_over
 from app.schemas.sandboxes import (
     CreateSandbox,
     EntryList,
@@ -41,7 +41,7 @@ from app.schemas.sandboxes import (
     TimeoutBody,
     Timings,
 )
-from wire.sandboxes import ExecRequest, FileEntry, NetworkPolicy, collect
+from wire.sandboxes import MAX_FILE_BYTES, ExecRequest, FileEntry, NetworkPolicy, collect
 
 TAGS = ["sandboxes"]
 ONE = "/v1/sandboxes/{sandbox_id}"

@@ -21,10 +21,8 @@ from starlette.types import Receive, Scope, Send
 
 from app.errors import BadRequest, PayloadTooLarge
 from app.sandboxes.nodes import NodeClient, NodeFile
-from wire.sandboxes import FileEntry
+from wire.sandboxes import MAX_FILE_BYTES, FileEntry
 
-#: the largest file read or written in one call (the node's own bound is the same)
-MAX_FILE_BYTES = 256 << 20
 #: files in one multipart upload, at most
 MAX_PARTS = 1000
 #: the headers of one multipart part, at most

@@ -10,7 +10,7 @@ Importing this package registers the backend as ``"nsjail"``. Modules, one conce
 * ``sharedfs``  the private tmpfs of generated /etc files and masks every jail binds
 * ``command``   the nsjail command line: namespaces, mounts, masks, rlimits
 * ``zygote``    PID 1 of every jail, its template and the stages' processes (stdlib-only,
-  Python 3.11)
+  Python 3.11): a package of modules joined into the one script a jail runs
 * ``jail``      one jail process and the framed JSON channel to its zygote
 * ``workers``   jails as workers of the shared pool (``runtimes.pools``): keys, binding
 * ``languages`` toolchains and the per-call stage plan

@@ -23,7 +23,6 @@ import os
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 from runtimes.nsjail.cgroups import CgroupMode, CgroupSetup
@@ -82,10 +81,6 @@ MASKED_PROC = (
 CGROUP_WRAPPER = (
     'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
 )
-
-
-def zygote_source() -> str:
-    return resources.files("runtimes.nsjail").joinpath("zygote.py").read_text(encoding="utf-8")
 
 
 def nsjail_binary(config: NsjailConfig) -> Path:

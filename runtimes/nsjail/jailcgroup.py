@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 
 #: processes in a jail's pids group besides those RLIMIT_NPROC counts for its code: nsjail
 #: itself (v1), and the courier the template forks a spare through where it cannot fork
-#: it as PID 1's child directly (``zygote.SiblingFork``)
+#: it as PID 1's child directly (``zygote.siblingfork.SiblingFork``)
 OUTSIDE_NPROC = 2
 #: a group whose peak came this close to its limit reached it (charges come in batches)
 PEAK_MARGIN_BYTES = 1 << 20
@@ -56,13 +56,6 @@ class JailCgroup(Protocol):
 def write(path: Path, value: str) -> None:
     with open(path, "w") as f:
         f.write(value)
-
-
-def _read_int(path: Path) -> int | None:
-    try:
-        return int(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 class ControlFiles:
@@ -349,14 +342,3 @@ class V2JailCgroup:
     def remove(self) -> None:
         self.close_files()
         self.remove_groups()
-
-
-def process_count(cgroup: JailCgroup | None) -> int | None:
-    """Tasks in a jail's pids cgroup (diagnostics only)."""
-    if isinstance(cgroup, V1JailCgroup):
-        path = cgroup.pids / "pids.current"
-    elif isinstance(cgroup, V2JailCgroup):
-        path = cgroup.path / "pids.current"
-    else:
-        return None
-    return _read_int(path)

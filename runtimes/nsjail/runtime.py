@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from runtimes.base import Runtime
-from runtimes.nsjail import cgroups, command, request, results, sharedfs
+from runtimes.nsjail import cgroups, command, request, results, sharedfs, zygote
 from runtimes.nsjail.config import MIB, NsjailConfig
 from runtimes.nsjail.jail import Jail, JailDied, JailError, JailTimeout
 from runtimes.nsjail.languages import StagePlan, detect, probe_version
@@ -111,7 +111,7 @@ class NsjailRuntime(Runtime):
                 config=config,
                 cgroups=setup,
                 shared=self._shared,
-                zygote=command.zygote_source(),
+                zygote=zygote.source(),
             )
             workers = JailWorkers(self._new_jail, start_timeout_s=config.start_timeout_s)
             self._pool = Pool(workers, config.pool_config(), name=self.name)

@@ -50,12 +50,11 @@ from runtimes.sandboxes.manager import SandboxManager
 from runtimes.sandboxes.processes import ProcessTable, process_routes
 from runtimes.sandboxes.transfers import Slot, TransferSlots
 from runtimes.sandboxes.watch import WatcherTable, WatchLimits, watcher_routes
-from wire.sandboxes import MAX_PAGE, ExecRequest, SandboxInventory, SandboxSpec
+from wire.sandboxes import MAX_FILE_BYTES, MAX_PAGE, ExecRequest, SandboxInventory, SandboxSpec
 
 log = logging.getLogger(__name__)
 
 MAX_SPEC_BYTES = 1 << 20
-MAX_FILE_BYTES = 256 << 20  #: largest file read or written in one request
 #: errors of a node out of resources (descriptors, inotify watches, memory): 503
 _EXHAUSTED = {errno.EMFILE, errno.ENFILE, errno.ENOSPC, errno.ENOMEM}
 

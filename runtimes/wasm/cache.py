@@ -102,9 +102,6 @@ class ModuleCache:
     def dir(self, kind: Kind) -> Path:
         return self.root / self.fingerprint / kind
 
-    def path_for(self, kind: Kind, sha256: str) -> Path:
-        return self.dir(kind) / f"{sha256}{SUFFIX}"
-
     @property
     def usable(self) -> bool:
         return self._key is not None

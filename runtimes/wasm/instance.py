@@ -37,7 +37,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from wasmtime import ExitTrap, Func, Memory, Store, Trap, TrapCode, WasiConfig, WasmtimeError
 from wasmtime import Instance as WasmInstance
@@ -486,7 +485,3 @@ class Instance:
         self.host_dir.remove()
         if self._on_dispose is not None:
             self._on_dispose(self)
-
-    @property
-    def work_dir(self) -> Path:
-        return self.host_dir.work

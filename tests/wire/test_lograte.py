@@ -80,7 +80,7 @@ def test_a_flood_that_stops_is_still_summarised_by_the_next_line_of_another(
 
 
 def test_the_gateway_and_the_node_install_it() -> None:
-    from app.cli import _logging
+    from app.cli.servers import _logging
     from runtimes.node.__main__ import configure_logging
 
     root = logging.getLogger()

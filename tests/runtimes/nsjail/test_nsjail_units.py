@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import os
 import signal
-import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -14,7 +13,7 @@ import pytest
 
 from runtimes import registry
 from runtimes.node.settings import NodeSettings
-from runtimes.nsjail import NsjailConfig, NsjailRuntime, zygote
+from runtimes.nsjail import NsjailConfig, NsjailRuntime
 from runtimes.nsjail.cgroups import CgroupMode, CgroupSetup
 from runtimes.nsjail.command import CGROUP_WRAPPER, JailCommand
 from runtimes.nsjail.languages import BUILTIN, StagePlan, plan
@@ -281,84 +280,3 @@ def test_stage_cpu_time_comes_from_the_cgroup() -> None:
     assert stage_cpu_ms(report, cgroup_ms=1.0) == 0.0
     # without cgroups, the stage process's own rusage
     assert stage_cpu_ms(report, cgroup_ms=None) == 7.0
-
-
-FREEZER = Path("/sys/fs/cgroup/freezer")
-
-
-@pytest.fixture
-def frozen_group() -> Any:
-    """A cgroup v1 freezer group of this test's (the machine's hybrid hierarchy)."""
-    group = FREEZER / f"corral-test-template-{os.getpid()}"
-    group.mkdir()
-    try:
-        yield group
-    finally:
-        (group / "freezer.state").write_text("THAWED")
-        group.rmdir()
-
-
-def test_a_killed_template_not_yet_scheduled_fails_the_check(frozen_group: Path) -> None:
-    """The code sends the template SIGKILL, and the template has not run since (frozen
-    here; on a busy machine, not yet scheduled): it is not dead yet, so ``alive`` still
-    says yes, and a jail cleaned on that word served its next call with no template
-    (CI, 2026-12-02). ``check`` needs an answer, which only a living template gives."""
-    template = zygote.Template()
-    try:
-        template.check(timeout=5)  # a living template answers
-        (frozen_group / "cgroup.procs").write_text(str(template.pid))
-        (frozen_group / "freezer.state").write_text("FROZEN")
-        deadline = time.monotonic() + 5
-        while (frozen_group / "freezer.state").read_text().strip() != "FROZEN":
-            assert time.monotonic() < deadline, "the template did not freeze"
-            time.sleep(0.01)
-        os.kill(template.pid, signal.SIGKILL)
-        assert template.alive()  # the signal is not delivered yet
-        with pytest.raises(zygote.TemplateGone, match="did not answer"):
-            template.check(timeout=0.5)
-        (frozen_group / "freezer.state").write_text("THAWED")
-        os.waitpid(template.pid, 0)  # it dies as soon as it runs
-        assert not template.alive()
-        with pytest.raises(zygote.TemplateGone):
-            template.check(timeout=5)
-    finally:
-        template.sock.close()
-        os.close(template.pidfd)
-
-
-def test_the_template_forks_a_spare_as_its_callers_child() -> None:
-    """The spare is the caller's child (in a jail, PID 1's), forked by the template
-    directly (``SiblingFork``): here the caller is the test process, which can wait for it.
-    Through a courier, the orphaned spare would go to the host's init instead."""
-    assert zygote.SiblingFork().available()  # x86-64 with glibc: the direct fork is used
-    template = zygote.Template()
-    spare = None
-    try:
-        spare = zygote.Spare(template)
-        assert os.waitpid(spare.pid, os.WNOHANG) == (0, 0)  # ours, waiting for its stage
-        stat = Path(f"/proc/{spare.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        assert int(stat[1]) == os.getpid()  # its parent
-    finally:
-        if spare is not None:
-            spare.discard()
-        template.sock.close()  # the template exits at the end of its input
-        os.waitpid(template.pid, 0)
-        os.close(template.pidfd)
-    with pytest.raises(ChildProcessError):
-        os.waitpid(spare.pid, os.WNOHANG)  # reaped by discard()
-
-
-def test_the_zygotes_mapped_size_is_vmsize() -> None:
-    """``_vm_bytes`` (read raw from ``/proc/self/statm``) is what ``/proc/self/status``
-    calls ``VmSize``: the base the code's ``RLIMIT_AS`` is added to."""
-
-    def vm_size() -> int:
-        with open("/proc/self/status") as status:
-            line = next(x for x in status if x.startswith("VmSize:"))
-        return int(line.split()[1]) * 1024
-
-    for _ in range(10):  # until no other thread of this process mapped or unmapped meanwhile
-        before, status, after = zygote._vm_bytes(), vm_size(), zygote._vm_bytes()
-        if before == after:
-            break
-    assert before > 0 and before == status == after

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from runtimes.nsjail import NsjailRuntime
+from runtimes.nsjail.command import MASKED_PROC
 from wire.execution import StageStatus
 
 pytestmark = [pytest.mark.nsjail, pytest.mark.asyncio(loop_scope="module")]
@@ -242,7 +243,7 @@ async def test_each_call_is_one_process_forked_as_pid1s_child(
     run: RunFn, runtime: NsjailRuntime
 ) -> None:
     # the template forks each call's process straight as PID 1's child (clone with
-    # CLONE_PARENT, ``zygote.SiblingFork``), not through a courier that forks it and
+    # CLONE_PARENT, ``zygote.siblingfork.SiblingFork``), not through a courier that forks it and
     # exits: that was one more fork and exit of the interpreter per call. The pids of a
     # jail's calls show it: one process per call, and here one thread (which also
     # checks that glibc's thread descriptor holds the process's own id: pthread_kill
@@ -341,31 +342,6 @@ async def test_user_code_cannot_forge_a_memory_limit(run: RunFn, runtime: Nsjail
 
 
 # --- what the jail does not see of the host (finding 14) -----------------------------
-
-
-MASKED_PROC = (
-    "cmdline",
-    "meminfo",
-    "loadavg",
-    "stat",
-    "diskstats",
-    "vmstat",
-    "zoneinfo",
-    "buddyinfo",
-    "pagetypeinfo",
-    "schedstat",
-    "interrupts",
-    "softirqs",
-    "swaps",
-    "partitions",
-    "modules",
-    "locks",
-    "uptime",
-    "pressure/cpu",
-    "pressure/io",
-    "pressure/memory",
-    "sys/kernel/random/boot_id",
-)
 
 
 async def test_host_wide_proc_files_are_masked(run: RunFn, runtime: NsjailRuntime) -> None:

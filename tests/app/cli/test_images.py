@@ -13,15 +13,6 @@ from runtimes.images import ImageMeta, ImageStore
 from runtimes.node.settings import NodeSettings
 
 
-@pytest.fixture(autouse=True)
-def _no_corral_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    import os
-
-    for name in list(os.environ):
-        if name.startswith("CORRAL_") and not name.startswith("CORRAL_TEST_"):
-            monkeypatch.delenv(name)
-
-
 def images(images_dir: Path, *args: str) -> Result:
     return CliRunner().invoke(main, ["images", *args], env={"CORRAL_IMAGES_DIR": str(images_dir)})
 

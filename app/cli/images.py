@@ -1,0 +1,139 @@
+"""``images``: build, import, list and remove this machine's container images, on the
+local store (``runtimes.images``) as the node reads it: no server involved."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+from pydantic import ValidationError
+
+if TYPE_CHECKING:
+    from runtimes.images import Image, ImageStore, Progress
+
+
+@click.group()
+def images() -> None:
+    """Build, import, list and remove this machine's container images
+    [CORRAL_IMAGES_DIR, default <CORRAL_DATA_DIR>/images]."""
+
+
+def _image_store() -> ImageStore:
+    from runtimes.images import ImageStore
+    from runtimes.node.settings import NodeSettings
+
+    try:
+        settings = NodeSettings()
+    except ValidationError as exc:
+        raise click.UsageError("; ".join(e["msg"] for e in exc.errors())) from None
+    return ImageStore(settings.resolved_images_dir)
+
+
+def _progress() -> Progress:
+    from runtimes.images import Progress
+
+    return Progress(lambda line: click.echo(line, err=True))
+
+
+def _image_line(image: Image) -> str:
+    import datetime
+
+    created = datetime.datetime.fromtimestamp(image.created).strftime("%Y-%m-%d %H:%M")
+    size = f"{image.size_bytes / 1e6:.1f} MB"
+    return f"{image.name or '<none>':<24} {image.short_digest:<12} {size:>10}  {created}"
+
+
+@images.command("build")
+@click.argument("name")
+@click.option(
+    "-f",
+    "--file",
+    "dockerfile",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="A Dockerfile to build (FROM a local image); without it, NAME's built-in recipe.",
+)
+@click.option(
+    "--context",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="The build context of COPY [the Dockerfile's directory].",
+)
+def images_build(name: str, dockerfile: Path | None, context: Path | None) -> None:
+    """Build image NAME: from Debian's packages (a built-in recipe: python) or from a
+    Dockerfile (-f) on top of a local image."""
+    from runtimes.images import RECIPES, ImageError
+
+    try:
+        store = _image_store()
+        if dockerfile is not None:
+            from runtimes.images import dockerfile as df
+
+            image = df.build(
+                store,
+                name,
+                dockerfile,
+                context=context or dockerfile.parent,
+                progress=_progress(),
+            )
+        else:
+            if context is not None:
+                raise click.UsageError("--context needs -f Dockerfile")
+            if name not in RECIPES:
+                raise click.UsageError(
+                    f"no built-in recipe {name!r} (there are: {', '.join(sorted(RECIPES))}); "
+                    "give -f Dockerfile to build anything else"
+                )
+            from runtimes.images import debootstrap
+
+            image = debootstrap.build(store, RECIPES[name], progress=_progress())
+    except ImageError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{image.name} {image.digest}")
+
+
+@images.command("import")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--name", required=True, help="The name to give the image.")
+def images_import(file: Path, name: str) -> None:
+    """Import FILE: an OCI image archive, a `docker save` tarball or a root filesystem
+    tar (.tar, .tar.gz)."""
+    from runtimes.images import ImageError, importer
+
+    try:
+        image = importer.import_file(_image_store(), file, name=name, progress=_progress())
+    except ImageError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{image.name} {image.digest}")
+
+
+@images.command("ls")
+def images_ls() -> None:
+    """List the images: name, digest (short), size, created."""
+    from runtimes.images import ImageError
+
+    try:
+        found = _image_store().list()
+    except ImageError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{'NAME':<24} {'DIGEST':<12} {'SIZE':>10}  CREATED")
+    for image in found:
+        click.echo(_image_line(image))
+
+
+@images.command("rm")
+@click.argument("ref")
+def images_rm(ref: str) -> None:
+    """Remove image REF: a name (the image goes with its last name) or a digest
+    (sha256:..., a unique prefix will do; every name of it goes too)."""
+    from runtimes.images import ImageError
+
+    try:
+        _image_store().remove(ref)
+    except ImageError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"removed {ref}")
+
+
+COMMANDS: list[click.Command] = [images]

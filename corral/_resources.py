@@ -1,0 +1,145 @@
+"""``client.tenants``, ``client.keys`` and ``client.functions`` of ``Corral`` and
+``AsyncCorral``: each method sends one ``_calls.Call`` and returns the API's JSON answer.
+
+``tenants`` and ``keys`` need the admin key as the client's ``api_key``; ``functions``
+a tenant's key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from corral import _calls
+from corral._calls import DEFAULT_WAIT_S
+
+if TYPE_CHECKING:
+    from corral._client import AsyncCorral, Corral
+
+
+class Tenants:
+    """``client.tenants`` (admin): create and list tenants."""
+
+    def __init__(self, client: Corral) -> None:
+        self._client = client
+
+    def create(self, name: str, *, quota: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """A new tenant and its first API key (``{"tenant": ..., "key": ...}``; the key's
+        ``api_key`` is shown this once)."""
+        return self._client._call(_calls.tenant_create(name, quota))
+
+    def list(self, *, limit: int | None = None, after: str | None = None) -> dict[str, Any]:
+        """One page of tenants (``{"tenants": [...], "next_after": ...}``)."""
+        return self._client._call(_calls.tenant_list(limit=limit, after=after))
+
+
+class Keys:
+    """``client.keys`` (admin): a tenant's API keys."""
+
+    def __init__(self, client: Corral) -> None:
+        self._client = client
+
+    def create(self, tenant_id: str, *, name: str = "") -> dict[str, Any]:
+        """A new key of the tenant's (its ``api_key`` is shown this once)."""
+        return self._client._call(_calls.key_create(tenant_id, name))
+
+    def revoke(self, tenant_id: str, key_id: str) -> dict[str, Any]:
+        return self._client._call(_calls.key_revoke(tenant_id, key_id))
+
+
+class Functions:
+    """``client.functions``: register, list and invoke the tenant's tool functions."""
+
+    def __init__(self, client: Corral) -> None:
+        self._client = client
+
+    def register(
+        self,
+        name: str,
+        *,
+        code: str | None = None,
+        module: bytes | None = None,
+        manifest: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """A new version of ``name`` (``created`` is False when it is the same as the
+        latest): its ``code``, or a wasm ``module``, and the rest of its manifest."""
+        return self._client._call(
+            _calls.function_register(name, code=code, module=module, manifest=manifest)
+        )
+
+    def list(self) -> dict[str, Any]:
+        return self._client._call(_calls.function_list())
+
+    def invoke(
+        self,
+        name: str,
+        input: Any = None,
+        *,
+        version: str | None = None,
+        wait_s: float | None = DEFAULT_WAIT_S,
+    ) -> dict[str, Any]:
+        """Invoke ``name`` (``version``: a number or an alias, else the latest) and wait
+        up to ``wait_s`` for its result; a failed function is a result, not an error."""
+        return self._client._call(
+            _calls.function_invoke(name, input, version=version, wait_s=wait_s)
+        )
+
+
+class AsyncTenants:
+    """``client.tenants`` of an ``AsyncCorral``."""
+
+    def __init__(self, client: AsyncCorral) -> None:
+        self._client = client
+
+    async def create(self, name: str, *, quota: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        return await self._client._call(_calls.tenant_create(name, quota))
+
+    async def list(self, *, limit: int | None = None, after: str | None = None) -> dict[str, Any]:
+        return await self._client._call(_calls.tenant_list(limit=limit, after=after))
+
+
+class AsyncKeys:
+    """``client.keys`` of an ``AsyncCorral``."""
+
+    def __init__(self, client: AsyncCorral) -> None:
+        self._client = client
+
+    async def create(self, tenant_id: str, *, name: str = "") -> dict[str, Any]:
+        return await self._client._call(_calls.key_create(tenant_id, name))
+
+    async def revoke(self, tenant_id: str, key_id: str) -> dict[str, Any]:
+        return await self._client._call(_calls.key_revoke(tenant_id, key_id))
+
+
+class AsyncFunctions:
+    """``client.functions`` of an ``AsyncCorral``."""
+
+    def __init__(self, client: AsyncCorral) -> None:
+        self._client = client
+
+    async def register(
+        self,
+        name: str,
+        *,
+        code: str | None = None,
+        module: bytes | None = None,
+        manifest: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        return await self._client._call(
+            _calls.function_register(name, code=code, module=module, manifest=manifest)
+        )
+
+    async def list(self) -> dict[str, Any]:
+        return await self._client._call(_calls.function_list())
+
+    async def invoke(
+        self,
+        name: str,
+        input: Any = None,
+        *,
+        version: str | None = None,
+        wait_s: float | None = DEFAULT_WAIT_S,
+    ) -> dict[str, Any]:
+        return await self._client._call(
+            _calls.function_invoke(name, input, version=version, wait_s=wait_s)
+        )
