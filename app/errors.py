@@ -9,7 +9,8 @@ never rename one) and an HTTP ``status``.
     │   ├── InvalidJSON              400 invalid_json        (also: lone UTF-16 surrogates)
     │   ├── TooDeeplyNested          400 too_deeply_nested
     │   ├── UnsupportedMediaType     415 unsupported_media_type
-    │   └── InvalidPath              400 invalid_path         (in a sandbox)
+    │   ├── InvalidPath              400 invalid_path         (in a sandbox)
+    │   └── ConflictingCredentials   400 conflicting_credentials  (two different keys)
     ├── ValidationFailed             422 validation_error
     │   ├── InputValidationFailed    422 input_validation_error   (a function's input)
     │   │   └── InputTooComplex      422 input_too_complex  (its validation's work bound)
@@ -212,6 +213,15 @@ class ImageNotFound(NotFound):
 
 class InvalidPath(BadRequest):
     code, default_message = "invalid_path", "the path cannot be used in the sandbox"
+
+
+class ConflictingCredentials(BadRequest):
+    """A request presents two different credentials (``X-API-Key`` and ``Authorization:
+    Bearer``, or two ``Authorization`` headers): which one it means is not guessed
+    (``app.auth.credentials``)."""
+
+    code = "conflicting_credentials"
+    default_message = "the request carries two different credentials: send one"
 
 
 class InvalidNetwork(BadRequest):

@@ -21,6 +21,9 @@ from pydantic import SecretStr
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
+from app.auth.authenticator import Authenticator
+from app.auth.cache import KeyCache
+from app.auth.revocations import LocalRevocations, RedisRevocations, Revocations
 from app.db import files, tenants
 from app.db import functions as functions_repo
 from app.db.engine import make_engine, make_sessionmaker
@@ -36,7 +39,6 @@ from app.failpoints import Failpoints
 from app.functions.artifacts import ArtifactCache
 from app.functions.resolver import Resolver
 from app.functions.schema import Validators
-from app.http.auth import Authenticator
 from app.images.catalog import ControlImages
 from app.invocations.leader import election_for
 from app.invocations.reconciler import Policy, Reconciler
@@ -145,10 +147,14 @@ async def open_services(
                 redis, dead_after_s=settings.node_dead_after_seconds
             )
             counters = RedisCounters(redis)
+            revocations: Revocations = RedisRevocations(
+                redis, every_s=settings.auth_revocation_check_seconds
+            )
         else:
             in_process = InProcessTransport(dead_after_s=settings.node_dead_after_seconds)
             transport = node_transport = in_process
             counters = MemoryCounters()
+            revocations = LocalRevocations()
         await transport.start()
         stack.push_async_callback(transport.close)
         stack.push_async_callback(counters.close)
@@ -244,9 +250,10 @@ async def open_services(
             authenticator=Authenticator(
                 sessions,
                 admin_key=settings.admin_key.get_secret_value() if settings.admin_key else None,
-                cache_seconds=settings.auth_cache_seconds,
+                cache=KeyCache(ttl_s=settings.auth_cache_seconds, size=settings.auth_cache_size),
                 default_quota=settings.quota.limits(),
                 default_tenant=settings.default_tenant,
+                revocations=revocations,
             ),
             invocations=invocations,
             catalogue=catalogue,

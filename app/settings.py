@@ -80,6 +80,19 @@ class Settings(DatabaseSettings):
     auth_cache_seconds: float = Field(
         2.0, ge=0, description="How long a verified API key is trusted without a database read."
     )
+    auth_cache_size: int = Field(
+        10_000,
+        ge=0,
+        description="Verified keys a gateway remembers (least recently used first out; 0: "
+        "every request reads its key).",
+    )
+    auth_revocation_check_seconds: float = Field(
+        0.1,
+        ge=0,
+        description="Cluster: how stale a gateway's view of revocations may be. A key revoked "
+        "(or a tenant disabled) on any gateway is refused on every other within this time: "
+        "each checks a Redis counter at most this often before trusting a cached key.",
+    )
     function_cache_seconds: float = Field(
         1.0,
         ge=0,

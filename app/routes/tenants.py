@@ -98,7 +98,7 @@ async def update_tenant(call: Call) -> TenantOut:
             quota=body.quota.model_dump(exclude_none=True) if body.quota else None,
         )
         out = _tenant_out(call, tenant)
-    call.services.authenticator.forget_tenant(tenant_id)
+    await call.services.authenticator.revoked(tenant_id)
     return out
 
 
@@ -148,7 +148,7 @@ async def revoke_key(call: Call) -> KeyOut:
     async with call.services.sessions.begin() as session:
         key = await repo.revoke_key(session, tenant_id=tenant_id, key_id=call.path["key_id"])
         out = KeyOut.model_validate(key)
-    call.services.authenticator.forget_tenant(tenant_id)
+    await call.services.authenticator.revoked(tenant_id)
     return out
 
 
