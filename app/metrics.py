@@ -44,7 +44,8 @@ class Metrics:
         self.recorder = Counter(
             "corral_recorder_events_total",
             "Node results by what the recorder did: stored, superseded (an older claim or a "
-            "final row), retried (a write failed and is tried again).",
+            "final row), retried (a write failed and is tried again), dead_lettered (its "
+            "write failed record_tries times: kept in dead_letters, its invocation errored).",
             ["outcome"],
             registry=self.registry,
         )

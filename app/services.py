@@ -185,6 +185,7 @@ async def open_services(
             waiters=waiters,
             metrics=metrics,
             failpoints=failpoints,
+            tries=settings.record_tries,
         )
         election = election_for(engine)
         stack.push_async_callback(election.close)

@@ -162,6 +162,13 @@ class Settings(DatabaseSettings):
         "while an invocation was being committed whether it was recorded, before it answers "
         "503 database_unavailable with details.recorded = unknown.",
     )
+    record_tries: int = Field(
+        5,
+        ge=1,
+        description="Tries of a node result's write (with backoff) before the result goes to "
+        "the dead letters and its invocation ends errored (result_not_stored). A database "
+        "that cannot be reached is waited for instead: it never counts.",
+    )
     placement_choices: int = Field(3, ge=1, description="Nodes sampled per placement (best of k).")
     catalogue_seconds: float = Field(
         0.5, gt=0, description="How long the gateway trusts its copy of the node reports."

@@ -1,0 +1,28 @@
+"""The operator's views of the gateway itself: what the recorder could not store."""
+
+from __future__ import annotations
+
+from app.db import dead_letters
+from app.http.endpoint import Call, endpoint
+from app.schemas.admin import DeadLetterList, DeadLetterOut, DeadLetterQuery
+
+TAGS = ["admin"]
+
+
+@endpoint(
+    "GET",
+    "/v1/admin/dead-letters",
+    summary="List node results the recorder could not store (newest first)",
+    tags=TAGS,
+    auth="admin",
+    query=DeadLetterQuery,
+    response=DeadLetterList,
+)
+async def list_dead_letters(call: Call) -> DeadLetterList:
+    query: DeadLetterQuery = call.query
+    async with call.services.sessions() as session:
+        rows = await dead_letters.recent(session, limit=query.limit, before=query.before)
+    return DeadLetterList(dead_letters=[DeadLetterOut.model_validate(r) for r in rows])
+
+
+endpoints = [list_dead_letters]
