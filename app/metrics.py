@@ -55,6 +55,27 @@ class Metrics:
             ["action"],
             registry=self.registry,
         )
+        self.throttled = Counter(
+            "corral_throttled_total",
+            "Requests a tenant's quota delayed (waited for a token or a concurrency slot) or "
+            "refused (429), by tenant, quota and outcome (app/quotas/throttles.py).",
+            ["tenant", "quota", "outcome"],
+            registry=self.registry,
+        )
+        self.leader_runs = Counter(
+            "corral_leader_job_runs_total",
+            "Runs of the leader's jobs (app/leader.py) on this gateway, by job and outcome: "
+            "ok, failed, cancelled (the lead was lost or the gateway stopped).",
+            ["job", "outcome"],
+            registry=self.registry,
+        )
+        self.leader_seconds = Histogram(
+            "corral_leader_job_seconds",
+            "How long each run of a leader's job took, by job.",
+            ["job"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self._gauges = _Gauges()
         self.registry.register(self._gauges)
         self._others: list[CollectorRegistry] = []

@@ -183,13 +183,25 @@ class Settings(DatabaseSettings):
         gt=0,
         description="How long work may wait for a node before it is handed out again.",
     )
-    reconcile_seconds: float = Field(1.0, gt=0, description="Period of the reconciler.")
+    reconcile_seconds: float = Field(
+        1.0,
+        gt=0,
+        description="Period of the leader's invocation, gateway, node and roll-up jobs, and "
+        "how often a gateway asks whether it leads (app/leader.py).",
+    )
     sandbox_meter_seconds: float = Field(
         60.0,
         ge=0,
         description="A live sandbox's usage is recorded (one usage event) once this long has "
-        "passed since its last record, at the reconciler's next pass; a sandbox that ends "
+        "passed since its last record, at the leader's next sandbox sync; a sandbox that ends "
         "gets its last interval at once.",
+    )
+    sandbox_sync_seconds: float = Field(
+        1.0,
+        gt=0,
+        description="Period of the leader's sandbox sync (sandbox records against the "
+        "nodes' inventories, and metering); a job of its own: a slow node never delays "
+        "the judging of invocations.",
     )
     storage_meter_seconds: float = Field(
         300.0,
@@ -224,7 +236,7 @@ class Settings(DatabaseSettings):
         "(the rollups are kept).",
     )
     retention_seconds: float = Field(
-        60.0, gt=0, description="Period of the reconciler's retention pass."
+        60.0, gt=0, description="Period of the leader's retention job."
     )
     max_batch_response_bytes: int = Field(
         32 * 1024 * 1024,

@@ -100,6 +100,12 @@ def quota_slots(tenant_id: str) -> str:
     return f"{PREFIX}:quota:{tenant_id}:slots"
 
 
+def quota_throttled(tenant_id: str) -> str:
+    """Hash ``{"<quota>:<outcome>": count}``: how often each quota delayed or refused the
+    tenant (``app.quotas.throttles``), since the counters were last emptied."""
+    return f"{PREFIX}:quota:{tenant_id}:throttled"
+
+
 def quota_waiting(tenant_id: str) -> str:
     """Sorted set of requests waiting in the tenant's admission queue, scored by expiry."""
     return f"{PREFIX}:quota:{tenant_id}:waiting"

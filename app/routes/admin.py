@@ -1,10 +1,17 @@
-"""The operator's views of the gateway itself: what the recorder could not store."""
+"""The operator's views of the gateway itself: what the recorder could not store, and the
+leader's jobs."""
 
 from __future__ import annotations
 
 from app.db import dead_letters
 from app.http.endpoint import Call, endpoint
-from app.schemas.admin import DeadLetterList, DeadLetterOut, DeadLetterQuery
+from app.schemas.admin import (
+    DeadLetterList,
+    DeadLetterOut,
+    DeadLetterQuery,
+    LeaderJobOut,
+    LeaderOut,
+)
 
 TAGS = ["admin"]
 
@@ -25,4 +32,21 @@ async def list_dead_letters(call: Call) -> DeadLetterList:
     return DeadLetterList(dead_letters=[DeadLetterOut.model_validate(r) for r in rows])
 
 
-endpoints = [list_dead_letters]
+@endpoint(
+    "GET",
+    "/v1/admin/leader",
+    summary="The leader's jobs as this gateway runs them: period, runs, last duration, error",
+    tags=TAGS,
+    auth="admin",
+    response=LeaderOut,
+)
+async def leader(call: Call) -> LeaderOut:
+    services = call.services
+    return LeaderOut(
+        gateway_id=services.transport.gateway_id,
+        leading=services.leader.leading,
+        jobs=[LeaderJobOut.model_validate(s) for s in services.leader.status.values()],
+    )
+
+
+endpoints = [list_dead_letters, leader]

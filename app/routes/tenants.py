@@ -73,7 +73,9 @@ async def list_tenants(call: Call) -> TenantList:
 async def get_tenant(call: Call) -> TenantOut:
     async with call.services.sessions() as session:
         tenant = await repo.get_tenant(session, tenant_id=call.path["tenant_id"])
-    return _tenant_out(call, tenant)
+    out = _tenant_out(call, tenant)
+    out.throttled = await call.services.counters.throttles(tenant.id)
+    return out
 
 
 @endpoint(

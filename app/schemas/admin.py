@@ -34,3 +34,25 @@ class DeadLetterOut(BaseModel):
 
 class DeadLetterList(BaseModel):
     dead_letters: list[DeadLetterOut]
+
+
+class LeaderJobOut(BaseModel):
+    """One of the leader's jobs, as this gateway ran it (``app.leader.JobStatus``)."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    name: str
+    what: str
+    period_s: float
+    runs: int = Field(description="runs while this gateway led")
+    failures: int
+    running: bool
+    last_started_at: datetime | None = None
+    last_duration_s: float | None = None
+    last_error: str | None = Field(None, description="of the last run (null: it succeeded)")
+
+
+class LeaderOut(BaseModel):
+    gateway_id: str = Field(description="the gateway that answered")
+    leading: bool = Field(description="whether it leads now (one gateway of a cluster does)")
+    jobs: list[LeaderJobOut]
