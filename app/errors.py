@@ -9,7 +9,8 @@ never rename one) and an HTTP ``status``.
     │   ├── InvalidJSON              400 invalid_json        (also: lone UTF-16 surrogates)
     │   ├── TooDeeplyNested          400 too_deeply_nested
     │   ├── UnsupportedMediaType     415 unsupported_media_type
-    │   └── InvalidPath              400 invalid_path         (in a sandbox)
+    │   ├── InvalidPath              400 invalid_path         (in a sandbox)
+    │   └── ConflictingCredentials   400 conflicting_credentials  (two different keys)
     ├── ValidationFailed             422 validation_error
     │   ├── InputValidationFailed    422 input_validation_error   (a function's input)
     │   │   └── InputTooComplex      422 input_too_complex  (its validation's work bound)
@@ -34,7 +35,7 @@ never rename one) and an HTTP ``status``.
     ├── MethodNotAllowed             405 method_not_allowed
     ├── Conflict                     409 conflict
     │   └── SandboxNotRunning        409 sandbox_not_running  (paused or stopped)
-    ├── QuotaExceeded                429 quota_exceeded      (Retry-After)
+    ├── QuotaExceeded                429 quota_exceeded      (Retry-After, RateLimit-*)
     │   ├── RateLimited              429 rate_limited
     │   ├── ConcurrencyLimited       429 concurrency_limited
     │   ├── CpuQuotaExhausted        429 cpu_quota_exhausted
@@ -214,6 +215,15 @@ class InvalidPath(BadRequest):
     code, default_message = "invalid_path", "the path cannot be used in the sandbox"
 
 
+class ConflictingCredentials(BadRequest):
+    """A request presents two different credentials (``X-API-Key`` and ``Authorization:
+    Bearer``, or two ``Authorization`` headers): which one it means is not guessed
+    (``app.auth.credentials``)."""
+
+    code = "conflicting_credentials"
+    default_message = "the request carries two different credentials: send one"
+
+
 class InvalidNetwork(BadRequest):
     code, default_message = "invalid_network", "the sandbox's network allow list cannot be used"
 
@@ -234,13 +244,28 @@ class QuotaExceeded(CorralError):
     status, code, default_message = 429, "quota_exceeded", "quota exceeded"
 
     def __init__(
-        self, message: str | None = None, *, retry_after: float = 1.0, details: Any = None
+        self,
+        message: str | None = None,
+        *,
+        retry_after: float = 1.0,
+        details: Any = None,
+        limit: float | None = None,
     ) -> None:
         super().__init__(message, details=details)
         self.retry_after = retry_after
+        self.limit = limit  #: the quota's value, shown as ``RateLimit-Limit``
 
     def headers(self) -> dict[str, str]:
-        return {"Retry-After": str(max(1, round(self.retry_after + 0.49)))}
+        seconds = str(max(1, round(self.retry_after + 0.49)))
+        if self.limit is None:
+            return {"Retry-After": seconds}
+        limit = f"{self.limit:g}" if self.limit != int(self.limit) else str(int(self.limit))
+        return {
+            "Retry-After": seconds,
+            "RateLimit-Limit": limit,
+            "RateLimit-Remaining": "0",
+            "RateLimit-Reset": seconds,
+        }
 
 
 class WatcherQuotaExceeded(QuotaExceeded):

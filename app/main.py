@@ -22,6 +22,7 @@ from app.http.openapi import build
 from app.http.routing import TableRouter
 from app.images import routes as images
 from app.metrics import Metrics
+from app.quotas.throttles import ThrottleHeaders
 from app.routes import ENDPOINTS
 from app.services import open_services
 from app.settings import Settings
@@ -46,6 +47,7 @@ def create_app(settings: Settings | None = None, *, with_node: bool = True) -> S
     app = Starlette(
         middleware=[
             Middleware(RequestMetrics, metrics=metrics),
+            Middleware(ThrottleHeaders),
             Middleware(BodySizeLimit, limit=settings.max_body_bytes),
         ],
         exception_handlers=HANDLERS,

@@ -44,7 +44,8 @@ class Metrics:
         self.recorder = Counter(
             "corral_recorder_events_total",
             "Node results by what the recorder did: stored, superseded (an older claim or a "
-            "final row), retried (a write failed and is tried again).",
+            "final row), retried (a write failed and is tried again), dead_lettered (its "
+            "write failed record_tries times: kept in dead_letters, its invocation errored).",
             ["outcome"],
             registry=self.registry,
         )
@@ -52,6 +53,27 @@ class Metrics:
             "corral_reconciler_total",
             "Reconciler passes and what they did: reissued (handed out again), failed (lost).",
             ["action"],
+            registry=self.registry,
+        )
+        self.throttled = Counter(
+            "corral_throttled_total",
+            "Requests a tenant's quota delayed (waited for a token or a concurrency slot) or "
+            "refused (429), by tenant, quota and outcome (app/quotas/throttles.py).",
+            ["tenant", "quota", "outcome"],
+            registry=self.registry,
+        )
+        self.leader_runs = Counter(
+            "corral_leader_job_runs_total",
+            "Runs of the leader's jobs (app/leader.py) on this gateway, by job and outcome: "
+            "ok, failed, cancelled (the lead was lost or the gateway stopped).",
+            ["job", "outcome"],
+            registry=self.registry,
+        )
+        self.leader_seconds = Histogram(
+            "corral_leader_job_seconds",
+            "How long each run of a leader's job took, by job.",
+            ["job"],
+            buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
         self._gauges = _Gauges()

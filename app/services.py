@@ -21,6 +21,9 @@ from pydantic import SecretStr
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
+from app.auth.authenticator import Authenticator
+from app.auth.cache import KeyCache
+from app.auth.revocations import LocalRevocations, RedisRevocations, Revocations
 from app.db import files, tenants
 from app.db import functions as functions_repo
 from app.db.engine import make_engine, make_sessionmaker
@@ -36,7 +39,6 @@ from app.failpoints import Failpoints
 from app.functions.artifacts import ArtifactCache
 from app.functions.resolver import Resolver
 from app.functions.schema import Validators
-from app.http.auth import Authenticator
 from app.images.catalog import ControlImages
 from app.invocations.leader import election_for
 from app.invocations.reconciler import Policy, Reconciler
@@ -44,6 +46,7 @@ from app.invocations.recorder import Recorder
 from app.invocations.retention import Retention
 from app.invocations.service import Invocations, Timing
 from app.invocations.waiters import Waiters
+from app.leader import Leader, gateway_jobs
 from app.metrics import Metrics
 from app.placement.best_of_k import BestOfK
 from app.placement.catalogue import Catalogue
@@ -51,6 +54,8 @@ from app.quotas.admission import Admission
 from app.quotas.counters import MemoryCounters, QuotaCounters
 from app.quotas.readings import Readings
 from app.quotas.redis_counters import RedisCounters
+from app.quotas.spec import OLD_PACING, PACING
+from app.quotas.throttles import Throttles
 from app.sandboxes.admission import SandboxAdmission
 from app.sandboxes.service import Sandboxes
 from app.settings import Settings
@@ -82,6 +87,7 @@ class Services:
     catalogue: Catalogue
     recorder: Recorder
     reconciler: Reconciler
+    leader: Leader  #: the named jobs one gateway runs (``app.leader``)
     sandboxes: Sandboxes
     images: ControlImages
     resolver: Resolver  #: function rows and versions by name and number
@@ -145,10 +151,14 @@ async def open_services(
                 redis, dead_after_s=settings.node_dead_after_seconds
             )
             counters = RedisCounters(redis)
+            revocations: Revocations = RedisRevocations(
+                redis, every_s=settings.auth_revocation_check_seconds
+            )
         else:
             in_process = InProcessTransport(dead_after_s=settings.node_dead_after_seconds)
             transport = node_transport = in_process
             counters = MemoryCounters()
+            revocations = LocalRevocations()
         await transport.start()
         stack.push_async_callback(transport.close)
         stack.push_async_callback(counters.close)
@@ -157,11 +167,13 @@ async def open_services(
         waiters = Waiters()
         stack.callback(waiters.close)
         readings = Readings(sessions)
+        throttles = Throttles(metrics, counters)
         admission = Admission(
             counters,
             readings,
             queue_seconds=settings.admission_queue_seconds,
             queue_depth=settings.admission_queue_depth,
+            throttles=throttles,
         )
         catalogue = Catalogue(transport, refresh_s=settings.catalogue_seconds)
         placement = BestOfK(
@@ -179,15 +191,13 @@ async def open_services(
             waiters=waiters,
             metrics=metrics,
             failpoints=failpoints,
+            tries=settings.record_tries,
         )
-        election = election_for(engine)
-        stack.push_async_callback(election.close)
         reconciler = Reconciler(
             sessions=sessions,
             writer=writer,
             transport=transport,
             recorder=recorder,
-            election=election,
             metrics=metrics,
             policy=Policy(
                 grace_s=settings.reconcile_grace_seconds,
@@ -195,14 +205,6 @@ async def open_services(
                 max_attempts=settings.max_attempts,
                 timing=timing,
             ),
-            interval_s=settings.reconcile_seconds,
-            retention=Retention(
-                blobs=timedelta(hours=settings.blob_retention_hours),
-                invocations=timedelta(days=settings.invocation_retention_days),
-                usage_events=timedelta(days=settings.usage_event_retention_days),
-            ),
-            retention_every_s=settings.retention_seconds,
-            storage_every_s=settings.storage_meter_seconds,
         )
         invocations = Invocations(
             sessions=sessions,
@@ -227,11 +229,28 @@ async def open_services(
             node_token=token.get_secret_value() if token is not None else None,
             images=images,
             rows=transactions,
-            admission=SandboxAdmission(counters, readings),
+            admission=SandboxAdmission(counters, readings, throttles=throttles),
             meter_every_s=settings.sandbox_meter_seconds,
         )
         stack.push_async_callback(sandboxes.close)
-        reconciler.sandbox_sync = sandboxes.sync
+        election = election_for(engine)
+        stack.push_async_callback(election.close)
+        leader = Leader(
+            election=election,
+            jobs=gateway_jobs(
+                reconciler=reconciler,
+                sessions=sessions,
+                retention=Retention(
+                    blobs=timedelta(hours=settings.blob_retention_hours),
+                    invocations=timedelta(days=settings.invocation_retention_days),
+                    usage_events=timedelta(days=settings.usage_event_retention_days),
+                ),
+                sandbox_sync=sandboxes.sync,
+                settings=settings,
+            ),
+            metrics=metrics,
+            check_every_s=settings.reconcile_seconds,
+        )
         services = Services(
             settings=settings,
             metrics=metrics,
@@ -244,14 +263,16 @@ async def open_services(
             authenticator=Authenticator(
                 sessions,
                 admin_key=settings.admin_key.get_secret_value() if settings.admin_key else None,
-                cache_seconds=settings.auth_cache_seconds,
+                cache=KeyCache(ttl_s=settings.auth_cache_seconds, size=settings.auth_cache_size),
                 default_quota=settings.quota.limits(),
                 default_tenant=settings.default_tenant,
+                revocations=revocations,
             ),
             invocations=invocations,
             catalogue=catalogue,
             recorder=recorder,
             reconciler=reconciler,
+            leader=leader,
             sandboxes=sandboxes,
             images=images,
             resolver=Resolver(sessions, ttl_s=settings.function_cache_seconds),
@@ -267,7 +288,7 @@ async def open_services(
             lambda: _keep_alive(transport, settings.heartbeat_seconds),
             "corral-gateway-alive",
         )
-        _keep(stack, reconciler.run, "corral-reconciler")
+        _keep(stack, leader.run, "corral-leader")
         if settings.default_tenant:
             await ensure_tenant(sessions, settings.default_tenant, settings)
         if with_node:
@@ -359,20 +380,30 @@ def _register_gauges(services: Services) -> None:
     )
     services.metrics.gauge(
         "corral_reconciler_leading",
-        "1 when this gateway runs the reconciler.",
-        lambda: {"leading": float(services.reconciler.leading)},
+        "1 when this gateway leads (runs the leader's jobs: app/leader.py).",
+        lambda: {"leading": float(services.leader.leading)},
         "state",
     )
 
 
 async def ensure_tenant(sessions: async_sessionmaker[Any], name: str, settings: Settings) -> None:
-    """Create tenant ``name`` with the default quotas unless it exists."""
+    """Create the keyless tenant ``name`` unless it exists, with the defaults but no pacing
+    quota the operator did not set (``QuotaDefaults.keyless_limits``: one box's keyless
+    clients are limited by the machine, not by a rate). One made by an older version, still
+    holding exactly the old pacing defaults (200 calls/s), is lifted the same way."""
+    keyless = settings.quota.keyless_limits()
+    pacing = {field: getattr(keyless, field) for field in PACING}
     async with sessions.begin() as session:
-        if await tenants.find_tenant_by_name(session, name=name) is not None:
+        found = await tenants.find_tenant_by_name(session, name=name)
+        if found is not None:
+            stored = found.quota.limits
+            if all(stored.get(k) == v for k, v in OLD_PACING.items()):
+                await tenants.update_tenant(session, tenant_id=found.id, quota=pacing)
+                log.info("default tenant %s: the old pacing quotas lifted (%s)", name, pacing)
             return
         try:
             tenant, _key, _plaintext = await tenants.create_tenant(
-                session, name=name, quota=settings.quota.limits()
+                session, name=name, quota=keyless
             )
         except Conflict:  # another process made it first
             return

@@ -80,6 +80,19 @@ class Settings(DatabaseSettings):
     auth_cache_seconds: float = Field(
         2.0, ge=0, description="How long a verified API key is trusted without a database read."
     )
+    auth_cache_size: int = Field(
+        10_000,
+        ge=0,
+        description="Verified keys a gateway remembers (least recently used first out; 0: "
+        "every request reads its key).",
+    )
+    auth_revocation_check_seconds: float = Field(
+        0.1,
+        ge=0,
+        description="Cluster: how stale a gateway's view of revocations may be. A key revoked "
+        "(or a tenant disabled) on any gateway is refused on every other within this time: "
+        "each checks a Redis counter at most this often before trusting a cached key.",
+    )
     function_cache_seconds: float = Field(
         1.0,
         ge=0,
@@ -149,6 +162,13 @@ class Settings(DatabaseSettings):
         "while an invocation was being committed whether it was recorded, before it answers "
         "503 database_unavailable with details.recorded = unknown.",
     )
+    record_tries: int = Field(
+        5,
+        ge=1,
+        description="Tries of a node result's write (with backoff) before the result goes to "
+        "the dead letters and its invocation ends errored (result_not_stored). A database "
+        "that cannot be reached is waited for instead: it never counts.",
+    )
     placement_choices: int = Field(3, ge=1, description="Nodes sampled per placement (best of k).")
     catalogue_seconds: float = Field(
         0.5, gt=0, description="How long the gateway trusts its copy of the node reports."
@@ -163,13 +183,25 @@ class Settings(DatabaseSettings):
         gt=0,
         description="How long work may wait for a node before it is handed out again.",
     )
-    reconcile_seconds: float = Field(1.0, gt=0, description="Period of the reconciler.")
+    reconcile_seconds: float = Field(
+        1.0,
+        gt=0,
+        description="Period of the leader's invocation, gateway, node and roll-up jobs, and "
+        "how often a gateway asks whether it leads (app/leader.py).",
+    )
     sandbox_meter_seconds: float = Field(
         60.0,
         ge=0,
         description="A live sandbox's usage is recorded (one usage event) once this long has "
-        "passed since its last record, at the reconciler's next pass; a sandbox that ends "
+        "passed since its last record, at the leader's next sandbox sync; a sandbox that ends "
         "gets its last interval at once.",
+    )
+    sandbox_sync_seconds: float = Field(
+        1.0,
+        gt=0,
+        description="Period of the leader's sandbox sync (sandbox records against the "
+        "nodes' inventories, and metering); a job of its own: a slow node never delays "
+        "the judging of invocations.",
     )
     storage_meter_seconds: float = Field(
         300.0,
@@ -204,7 +236,7 @@ class Settings(DatabaseSettings):
         "(the rollups are kept).",
     )
     retention_seconds: float = Field(
-        60.0, gt=0, description="Period of the reconciler's retention pass."
+        60.0, gt=0, description="Period of the leader's retention job."
     )
     max_batch_response_bytes: int = Field(
         32 * 1024 * 1024,

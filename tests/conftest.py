@@ -117,6 +117,7 @@ def make_settings(tmp_path: Path) -> Callable[..., Settings]:
             "heartbeat_seconds": 0.2,
             "node_dead_after_seconds": 1.0,
             "reconcile_seconds": 0.2,
+            "sandbox_sync_seconds": 0.2,
             "node": node_settings(data_dir, **node),
         }
         values.update(overrides)

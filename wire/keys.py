@@ -20,6 +20,12 @@ Keys with a TTL:
 * ``node(id)`` / ``gateway(id)``: liveness, refreshed by heartbeats; a node's value is its
   report (capacity, warm inventory).
 * ``quota_*``: admission counters.
+
+Plain keys:
+
+* ``AUTH_EPOCH``: a counter every gateway bumps after it revokes a key or changes a
+  tenant; every gateway's key cache is dropped when it sees the counter move
+  (``app.auth.revocations``).
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ NODES = f"{PREFIX}:nodes"
 GATEWAYS = f"{PREFIX}:gateways"
 #: Stream of node events that belong to no gateway (pool usage).
 EVENTS = f"{PREFIX}:events"
+#: Counter bumped after every revocation or tenant change (``app.auth.revocations``).
+AUTH_EPOCH = f"{PREFIX}:auth:epoch"
 
 
 def jobs(runtime: str, tenant_id: str) -> str:
@@ -90,6 +98,12 @@ def quota_sandbox_call_tokens(tenant_id: str) -> str:
 def quota_slots(tenant_id: str) -> str:
     """Sorted set of concurrency leases, scored by their expiry time."""
     return f"{PREFIX}:quota:{tenant_id}:slots"
+
+
+def quota_throttled(tenant_id: str) -> str:
+    """Hash ``{"<quota>:<outcome>": count}``: how often each quota delayed or refused the
+    tenant (``app.quotas.throttles``), since the counters were last emptied."""
+    return f"{PREFIX}:quota:{tenant_id}:throttled"
 
 
 def quota_waiting(tenant_id: str) -> str:

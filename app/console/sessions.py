@@ -19,11 +19,10 @@ from datetime import timedelta
 from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.auth import keys
+from app.auth.authenticator import Authenticator
 from app.auth.principal import Admin, Principal
 from app.db import tenants
 from app.db.models import ConsoleSession, utcnow
-from app.http.auth import Authenticator
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +76,8 @@ class ConsoleSessions:
         row = ConsoleSession(
             csrf=secrets.token_urlsafe(32), created_at=now, expires_at=now + LIFETIME
         )
-        if self._admin_key and keys.admin_matches(presented, self._admin_key):
-            row.role, row.admin_fingerprint = "admin", fingerprint(self._admin_key)
+        if self._authenticator.is_admin(presented):
+            row.role, row.admin_fingerprint = "admin", fingerprint(self._admin_key or "")
         else:
             principal = await self._authenticator.tenant_for(presented)
             row.role, row.tenant_id, row.key_id = "tenant", principal.tenant_id, principal.key_id

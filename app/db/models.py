@@ -373,3 +373,23 @@ class ConsoleSession(Base):
     csrf: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column()
     expires_at: Mapped[datetime] = mapped_column()
+
+
+class DeadLetter(Base):
+    """A node's report the recorder could not store after ``record_tries`` tries (a write
+    that fails every time: ``app.invocations.recorder``): kept for the operator
+    (``GET /v1/admin/dead-letters``), its invocation ended ``errored``, and the gateway's
+    results stream moved on. ``event`` is the report as it arrived (its first 256 KiB)."""
+
+    __tablename__ = "dead_letters"
+    __table_args__ = (Index("ix_dead_letters_created", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    gateway_id: Mapped[str] = mapped_column(String(128))  #: whose recorder gave up
+    kind: Mapped[str] = mapped_column(String(16))  #: finished | started | stored | pool_usage
+    invocation_id: Mapped[str | None] = mapped_column(String(32), default=None, index=True)
+    node_id: Mapped[str | None] = mapped_column(String(128), default=None)
+    tries: Mapped[int] = mapped_column(Integer)
+    error: Mapped[str] = mapped_column(Text)  #: the last failure
+    event: Mapped[str] = mapped_column(Text)

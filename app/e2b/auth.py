@@ -1,17 +1,19 @@
 """Who an E2B request acts as.
 
 The control plane gets a tenant's API key (an E2B API key is a Corral tenant API key) as
-``X-API-Key`` (or ``Authorization: Bearer``). In-sandbox calls (envd, ``/files``,
-``/health``, the code interpreter) carry the tokens the create, connect or get answer
-handed out: ``X-Access-Token`` to envd, ``E2B-Traffic-Access-Token`` to the
-interpreter's port. Those are sandbox access tokens (``app.e2b.tokens``): each reaches
-only the sandbox it names, which ``E2b-Sandbox-Id`` must name too, while that sandbox
-lives; it is never accepted on the control plane, ``/v1`` or another sandbox. A token
-of a tenant since disabled is refused. An in-sandbox call may instead carry the
-tenant's API key in one of those headers (or ``X-API-Key``): it reaches every sandbox
-of that tenant, as the key does anyway, and another tenant's sandbox answers 404 (it is
-not told to exist). There ``Authorization`` is ``Basic <user>:`` (the user a command or
-file operation acts as), never a credential.
+``X-API-Key`` (or ``Authorization: Bearer``; both, different: 400
+``conflicting_credentials``; every header is read by ``app.auth.credentials``).
+In-sandbox calls (envd, ``/files``, ``/health``, the code interpreter) carry the tokens
+the create, connect or get answer handed out: ``X-Access-Token`` to envd,
+``E2B-Traffic-Access-Token`` to the interpreter's port (two different ones: 400). Those
+are sandbox access tokens (``app.e2b.tokens``): each reaches only the sandbox it names,
+which ``E2b-Sandbox-Id`` must name too, while that sandbox lives; it is never accepted
+on the control plane, ``/v1`` or another sandbox. A token of a tenant since disabled is
+refused. An in-sandbox call may instead carry the tenant's API key in one of those
+headers (or ``X-API-Key``): it reaches every sandbox of that tenant, as the key does
+anyway, and another tenant's sandbox answers 404 (it is not told to exist). There
+``Authorization`` is ``Basic <user>:`` (the user a command or file operation acts as),
+never a credential.
 
 Every E2B call, control plane or in-sandbox, takes a token of the tenant's sandbox-calls
 bucket once it is authenticated (``app.sandboxes.admission``: 429 ``rate_limited``).
@@ -28,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 
+from app.auth import credentials
 from app.auth.principal import Principal
 from app.e2b import tokens
 from app.errors import InvalidApiKey, NotFound, Unauthenticated
@@ -45,20 +48,9 @@ def services(request: Request) -> Services:
     return request.app.state.services  # type: ignore[no-any-return]
 
 
-def api_key(request: Request) -> str | None:
-    """The key of a control-plane request."""
-    key = request.headers.get("x-api-key", "").strip()
-    if key:
-        return key
-    scheme, _, value = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() == "bearer" and value.strip():
-        return value.strip()
-    return None
-
-
 async def tenant(request: Request) -> Principal:
     """A control-plane caller (charged one sandbox call)."""
-    key = api_key(request)
+    key = credentials.presented(request, credentials.E2B_CONTROL)
     if key is None:
         raise Unauthenticated("an API key is required (X-API-Key)")
     principal = await services(request).authenticator.tenant_for(key)
@@ -82,11 +74,7 @@ async def sandbox_caller(request: Request) -> SandboxCaller:
     sandbox_id = request.headers.get(SANDBOX_HEADER, "").strip()
     if not sandbox_id:
         raise NotFound("no E2b-Sandbox-Id header: which sandbox?")
-    presented = (
-        request.headers.get("x-access-token", "").strip()
-        or request.headers.get("e2b-traffic-access-token", "").strip()
-        or request.headers.get("x-api-key", "").strip()
-    )
+    presented = credentials.presented(request, credentials.E2B_SANDBOX)
     if not presented:
         raise Unauthenticated("an access token is required (X-Access-Token)")
     if tokens.is_token(presented):

@@ -10,7 +10,7 @@ Two listeners, one app, one process:
   loopback address (``keyless_port``; settings refuse any other address) and/or a Unix
   socket created mode 0600 (``keyless_socket``). Requests that arrive on it are marked
   in their ASGI scope (``KEYLESS``) by ``KeylessListener``, and only marked requests may
-  act as ``default_tenant`` without a key (``app.http.auth.Authenticator``). The mark is
+  act as ``default_tenant`` without a key (``app.auth.authenticator.Authenticator``). The mark is
   set by this process for the socket a connection arrived on: no header, peer address or
   proxy can set it.
 """

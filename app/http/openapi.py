@@ -1,10 +1,11 @@
 """Build the OpenAPI 3.1 document from the typed endpoints.
 
-Every error status an operation can answer is documented: 401 and 403 where a key is
-needed, 503 wherever the database is read (``database_unavailable``), 404 and 422 where the
-path has parameters, 400/413/415/422 where there is a body, 422 where there is a query, and
-the endpoint's own ``errors`` (409, 429, 504, ...). ``tests/app/http/test_schemathesis.py``
-holds every answer to it.
+Every error status an operation can answer is documented: 400, 401 and 403 where a key
+is needed (400: two different keys, ``app.auth.credentials``), 503 wherever the database
+is read (``database_unavailable``), 404 and 422 where the path has parameters,
+400/413/415/422 where there is a body, 422 where there is a query, and the endpoint's
+own ``errors`` (409, 429, 504, ...). ``tests/app/http/test_schemathesis.py`` holds every
+answer to it.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from app.schemas.common import ErrorResponse
 Mode = Literal["validation", "serialization"]
 _REF = "#/components/schemas/{model}"
 _PATH_PARAM = re.compile(r"{(\w+)(?::\w+)?}")
-_AUTH_ERRORS = {
-    "tenant": (401, 403),
-    "admin": (401, 403),
-    "tenant_or_default": (401, 403),
-    "tenant_or_admin": (401, 403),
+_AUTH_ERRORS = {  # 400: two different keys (``conflicting_credentials``)
+    "tenant": (400, 401, 403),
+    "admin": (400, 401, 403),
+    "tenant_or_default": (400, 401, 403),
+    "tenant_or_admin": (400, 401, 403),
 }
 
 

@@ -1,8 +1,8 @@
 """The reconciler: nothing accepted is lost, nothing is left open, on start-up too.
 
-One gateway leads (``app.invocations.leader``) and, every ``reconcile_seconds``, judges
-each invocation that has been open longer than ``reconcile_grace_seconds`` by its
-dispatch marker and the liveness of the nodes:
+Three of the leader's jobs (``app.leader``), each run every ``reconcile_seconds`` in a
+task of its own. ``judge`` looks at each invocation that has been open longer than
+``reconcile_grace_seconds`` by its dispatch marker and the liveness of the nodes:
 
 ======================================  =============================================
 what it finds                           verdict
@@ -28,35 +28,30 @@ An execution that had started (a node claimed it) is failed instead, ``errored``
 reason beginning "lost:", once it has had ``max_attempts``; one that never started is
 handed out up to ``max_attempts + NEVER_STARTED_EXTRA`` times.
 
-The leader also records what dead gateways left on their results streams (their
-callers are gone, the outcome is not), forgets gateways and nodes that have been dead
-without a break for ``FORGET_AFTER_S`` (one that reports again starts afresh), rolls
-usage events up into hourly rollups and, every ``retention_seconds``, deletes what has
-outlived its retention (``app.invocations.retention``).
+``adopt`` records what dead gateways left on their results streams (their callers are
+gone, the outcome is not) and ``dead_nodes`` puts back what dead nodes read and never
+claimed; both forget gateways and nodes that have been dead without a break for
+``FORGET_AFTER_S`` (one that reports again starts afresh).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
-from app.db import invocations, usage
+from app.db import invocations
 from app.db.models import utcnow
 from app.db.writer import BatchWriter
 from app.dispatch.transport import GatewayTransport
-from app.invocations.leader import Election
 from app.invocations.recorder import Recorder
-from app.invocations.retention import Retention, Swept, sweep
 from app.invocations.service import Timing
 from app.metrics import Metrics
-from app.usage import storage
 from wire.ids import new_claim
 from wire.messages import Job, Marker, NodeReport, Stored
 
@@ -93,9 +88,6 @@ class Pass:
     failed: list[str] = field(default_factory=list)
     adopted: int = 0
     released: int = 0  #: Jobs a dead node had read and not claimed, put back
-    rolled_up: int = 0
-    storage_metered: int = 0  #: tenants whose storage got an event
-    swept: Swept | None = None  #: what the retention sweep deleted, if one ran
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,84 +108,62 @@ class Reconciler:
         writer: BatchWriter,
         transport: GatewayTransport,
         recorder: Recorder,
-        election: Election,
         metrics: Metrics,
         policy: Policy,
-        interval_s: float,
-        retention: Retention | None = None,
-        retention_every_s: float = 60.0,
-        storage_every_s: float = 300.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._sessions = sessions
         self._writer = writer
         self._transport = transport
         self._recorder = recorder
-        self._election = election
         self._metrics = metrics
         self._policy = policy
-        self._interval_s = interval_s
-        #: the sandbox records' pass (``app.sandboxes.service.Sandboxes.sync``), when set
-        self.sandbox_sync: Callable[[], Awaitable[None]] | None = None
         self._clock = clock
-        self._retention = retention
-        self._retention_every_s = retention_every_s
-        self._swept_at = float("-inf")
-        self._storage_every_s = storage_every_s
-        self._storage_at = float("-inf")
         #: since when each gateway, and each node, has been seen dead without a break: an
         #: entry goes as soon as a pass no longer sees it dead (it reported again), so
         #: a node that missed one report long after an earlier gap is not forgotten
         self._gateway_dead_since: dict[str, float] = {}
         self._node_dead_since: dict[str, float] = {}
         self._released_at: dict[str, float] = {}
-        self.leading = False
-
-    async def run(self) -> None:
-        """Lead when possible and reconcile every interval, from the first moment."""
-        while True:
-            try:
-                self.leading = await self._election.lead()
-                if self.leading:
-                    done = await self.reconcile()
-                    if self.sandbox_sync is not None:
-                        await self.sandbox_sync()
-                    if done.reissued or done.failed or done.adopted or done.released:
-                        log.info(
-                            "reconciler: %d judged, %d handed out again, %d failed as lost, "
-                            "%d adopted results, %d put back from dead nodes",
-                            done.judged,
-                            len(done.reissued),
-                            len(done.failed),
-                            done.adopted,
-                            done.released,
-                        )
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("reconciler: pass failed (%r); next in %.1fs", exc, self._interval_s)
-            await asyncio.sleep(self._interval_s)
 
     async def reconcile(self) -> Pass:
-        """One pass (the caller leads)."""
+        """The three jobs once, one after another (tests, and a caller that wants them
+        together)."""
+        done = await self.judge()
+        done.adopted = (await self.adopt()).adopted
+        done.released = (await self.dead_nodes()).released
+        return done
+
+    async def judge(self) -> Pass:
+        """Judge the open invocations: hand out again, or fail, what is lost."""
         done = Pass()
-        dead_gateways = set(await self._transport.dead_gateways())
-        await self._judge(done, dead_gateways)
-        await self._adopt(done, dead_gateways)
-        await self._dead_nodes(done)
-        async with self._sessions.begin() as session:
-            done.rolled_up = await usage.roll_up(session)
-        if self._retention and self._clock() - self._swept_at >= self._retention_every_s:
-            done.swept = await sweep(self._sessions, self._retention, utcnow())
-            self._swept_at = self._clock()
-        if self._clock() - self._storage_at >= self._storage_every_s:
-            done.storage_metered = await storage.meter(
-                self._sessions, now=utcnow(), every_s=self._storage_every_s
-            )
-            self._storage_at = self._clock()
+        await self._judge(done, set(await self._transport.dead_gateways()))
         self._metrics.reconciler.labels("reissued").inc(len(done.reissued))
         self._metrics.reconciler.labels("failed").inc(len(done.failed))
         self._metrics.reconciler.labels("passes").inc()
+        if done.reissued or done.failed:
+            log.info(
+                "reconciler: %d judged, %d handed out again, %d failed as lost",
+                done.judged,
+                len(done.reissued),
+                len(done.failed),
+            )
+        return done
+
+    async def adopt(self) -> Pass:
+        """Record what dead gateways left; forget long-dead ones."""
+        done = Pass()
+        await self._adopt(done, set(await self._transport.dead_gateways()))
+        if done.adopted:
+            log.info("reconciler: %d results of dead gateways recorded", done.adopted)
+        return done
+
+    async def dead_nodes(self) -> Pass:
+        """Put back what dead nodes read and never claimed; forget long-dead ones."""
+        done = Pass()
+        await self._dead_nodes(done)
+        if done.released:
+            log.info("reconciler: %d jobs put back from dead nodes", done.released)
         return done
 
     # --- open invocations ------------------------------------------------------------
@@ -352,7 +322,6 @@ class Reconciler:
                 self._gateway_dead_since.pop(gateway, None)
 
     async def _dead_nodes(self, done: Pass) -> None:
-        """Put back what dead nodes read and never claimed; forget long-dead nodes."""
         now = self._clock()
         runtimes: set[str] = set()
         for node in await self._transport.catalogue():

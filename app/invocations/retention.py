@@ -5,7 +5,8 @@ batch per statement so no transaction grows with the backlog, blobs older than t
 retention (answers then show those parts' previews and name them ``expired``), final
 invocations older than the invocation retention (with their blobs), and usage events
 older than the usage-event retention that the hourly rollups already count (the rollups
-keep their sums; an event not rolled up yet is never deleted). Open invocations are never
+keep their sums; an event not rolled up yet is never deleted), and dead letters
+(``app.db.dead_letters``) older than the invocation retention. Open invocations are never
 touched here: they are the reconciler's to finish.
 """
 
@@ -19,7 +20,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.db import blobs, invocations, usage
+from app.db import blobs, dead_letters, invocations, usage
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ class Swept:
     blobs: int = 0
     invocations: int = 0
     usage_events: int = 0
+    dead_letters: int = 0
 
 
 Deleter = Callable[..., Awaitable[int]]
@@ -54,6 +56,9 @@ async def sweep(sessions: async_sessionmaker[Any], retention: Retention, now: da
     )
     swept.blobs = await _drain(sessions, blobs.delete_older, now - retention.blobs)
     swept.usage_events = await _drain(sessions, usage.delete_rolled, now - retention.usage_events)
+    swept.dead_letters = await _drain(
+        sessions, dead_letters.delete_older, now - retention.invocations
+    )
     if swept.blobs or swept.invocations or swept.usage_events:
         log.info(
             "retention: deleted %d blobs, %d invocations, %d usage events",

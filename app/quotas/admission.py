@@ -7,7 +7,8 @@ deleted); a token from the
 executions-per-second bucket, waiting for it if it is due within the admission wait;
 a concurrency slot, waiting in a bounded per-tenant queue up to the admission wait
 (RL clients score a 429 as a failed reward, so queueing is the default). Only past
-that does the caller get a 429 with ``Retry-After``.
+that does the caller get a 429 with ``Retry-After`` and ``RateLimit-*``. Every delay and
+refusal is made visible (``app.quotas.throttles``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from app.errors import (
 from app.quotas.counters import QuotaCounters
 from app.quotas.readings import Readings, seconds_until_utc_midnight
 from app.quotas.spec import QuotaLimits
+from app.quotas.throttles import Outcome, Throttles
 from wire.ids import new_id
 
 log = logging.getLogger(__name__)
@@ -61,8 +63,10 @@ class Admission:
         *,
         queue_seconds: float,
         queue_depth: int,
+        throttles: Throttles | None = None,
     ) -> None:
         self.counters = counters
+        self._throttles = throttles
         self._readings = readings
         self._queue_s = queue_seconds
         self._depth = queue_depth
@@ -74,9 +78,19 @@ class Admission:
         """Hold one concurrency slot for the body; yields the seconds spent waiting."""
         started = time.monotonic()
         if await self._readings.cpu_seconds_today(tenant_id) >= quota.cpu_seconds_per_day:
-            raise CpuQuotaExhausted(retry_after=seconds_until_utc_midnight())
+            await self._note(tenant_id, "cpu_seconds_per_day", quota.cpu_seconds_per_day)
+            raise CpuQuotaExhausted(
+                retry_after=seconds_until_utc_midnight(),
+                limit=quota.cpu_seconds_per_day,
+                details={"quota": "cpu_seconds_per_day"},
+            )
         if await self._readings.stored_bytes(tenant_id) >= quota.max_storage_mb * MIB:
-            raise StorageQuotaExhausted(retry_after=STORAGE_RETRY_AFTER_S)
+            await self._note(tenant_id, "max_storage_mb", quota.max_storage_mb)
+            raise StorageQuotaExhausted(
+                retry_after=STORAGE_RETRY_AFTER_S,
+                limit=quota.max_storage_mb,
+                details={"quota": "max_storage_mb"},
+            )
         wait = await self.counters.reserve_token(
             tenant_id,
             rate=quota.executions_per_second,
@@ -84,8 +98,16 @@ class Admission:
             max_wait=self._queue_s,
         )
         if wait is None:
-            raise RateLimited(retry_after=max(1.0, 1.0 / quota.executions_per_second))
+            await self._note(tenant_id, "executions_per_second", quota.executions_per_second)
+            raise RateLimited(
+                retry_after=max(1.0, 1.0 / quota.executions_per_second),
+                limit=quota.executions_per_second,
+                details={"quota": "executions_per_second"},
+            )
         if wait > 0:
+            await self._note(
+                tenant_id, "executions_per_second", quota.executions_per_second, waited_s=wait
+            )
             await asyncio.sleep(wait)
         lease_id = new_id("lease")
         await self._acquire(tenant_id, quota, lease_id, wall_seconds + LEASE_GRACE_S, started)
@@ -94,6 +116,16 @@ class Admission:
         finally:
             await _forgiving(
                 self.counters.release_slot(tenant_id, lease_id=lease_id), f"tenant {tenant_id}"
+            )
+
+    async def _note(
+        self, tenant_id: str, quota: str, limit: float, *, waited_s: float | None = None
+    ) -> None:
+        """Make a throttle visible (``app.quotas.throttles``): refused unless it waited."""
+        if self._throttles is not None:
+            outcome: Outcome = "refused" if waited_s is None else "delayed"
+            await self._throttles.note(
+                tenant_id, quota, outcome, limit=limit, waited_s=waited_s or 0.0
             )
 
     async def _acquire(
@@ -106,18 +138,36 @@ class Admission:
             tenant_id, depth=self._depth, entry_id=lease_id, ttl=self._queue_s + LEASE_GRACE_S
         )
         if not entered:
-            raise ConcurrencyLimited("the tenant's admission queue is full", retry_after=1.0)
+            await self._note(tenant_id, "max_concurrent_executions", limit)
+            raise ConcurrencyLimited(
+                "the tenant's admission queue is full",
+                retry_after=1.0,
+                limit=limit,
+                details={"quota": "max_concurrent_executions"},
+            )
+        queued = time.monotonic()
         try:
             deadline = started + self._queue_s
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     log.info("tenant %s: admission wait ran out", tenant_id)
-                    raise ConcurrencyLimited(retry_after=1.0)
+                    await self._note(tenant_id, "max_concurrent_executions", limit)
+                    raise ConcurrencyLimited(
+                        retry_after=1.0,
+                        limit=limit,
+                        details={"quota": "max_concurrent_executions"},
+                    )
                 await self.counters.wait_for_slot(tenant_id, remaining)
                 if await self.counters.try_acquire_slot(
                     tenant_id, limit=limit, lease_id=lease_id, ttl=ttl
                 ):
+                    await self._note(
+                        tenant_id,
+                        "max_concurrent_executions",
+                        limit,
+                        waited_s=time.monotonic() - queued,
+                    )
                     return
         finally:
             await _forgiving(

@@ -61,6 +61,16 @@ class QuotaCounters(ABC):
     async def waiting(self) -> int:
         """Requests waiting in admission queues, across tenants (a gauge)."""
 
+    @abstractmethod
+    async def count_throttle(self, tenant_id: str, quota: str, outcome: str) -> None:
+        """One request of ``tenant_id`` delayed or refused by ``quota``
+        (``app.quotas.throttles``)."""
+
+    @abstractmethod
+    async def throttles(self, tenant_id: str) -> dict[str, int]:
+        """How often each quota delayed or refused the tenant (``"<quota>:<outcome>"``),
+        as every gateway counted it."""
+
     async def close(self) -> None:  # noqa: B027 - optional hook
         pass
 
@@ -92,6 +102,7 @@ class MemoryCounters(QuotaCounters):
         self._clock = clock
         self._buckets: dict[tuple[Bucket, str], _Bucket] = {}
         self._tenants: dict[str, _TenantState] = {}
+        self._throttles: dict[str, dict[str, int]] = {}
 
     def _state(self, tenant_id: str) -> _TenantState:
         return self._tenants.setdefault(tenant_id, _TenantState())
@@ -147,6 +158,13 @@ class MemoryCounters(QuotaCounters):
 
     async def waiting(self) -> int:
         return sum(len(s.waiting) for s in self._tenants.values())
+
+    async def count_throttle(self, tenant_id: str, quota: str, outcome: str) -> None:
+        counts = self._throttles.setdefault(tenant_id, {})
+        counts[f"{quota}:{outcome}"] = counts.get(f"{quota}:{outcome}", 0) + 1
+
+    async def throttles(self, tenant_id: str) -> dict[str, int]:
+        return dict(self._throttles.get(tenant_id, {}))
 
     def active(self, tenant_id: str) -> int:
         return len(self._state(tenant_id).leases)

@@ -113,3 +113,10 @@ class RedisCounters(QuotaCounters):
 
     async def waiting(self) -> int:
         return self._local_waiting
+
+    async def count_throttle(self, tenant_id: str, quota: str, outcome: str) -> None:
+        await self._redis.hincrby(keys.quota_throttled(tenant_id), f"{quota}:{outcome}", 1)
+
+    async def throttles(self, tenant_id: str) -> dict[str, int]:
+        counts = await self._redis.hgetall(keys.quota_throttled(tenant_id))
+        return {str(k): int(v) for k, v in counts.items()}

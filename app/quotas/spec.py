@@ -26,10 +26,14 @@ class QuotaLimits(BaseModel):
     )
     max_concurrent_sandboxes: int = Field(8, ge=0, le=100_000, description="Live sandboxes.")
     executions_per_second: float = Field(
-        200.0, gt=0, le=1_000_000, description="Sustained rate of new executions."
+        5_000.0,
+        gt=0,
+        le=1_000_000,
+        description="Sustained rate of new executions (the default is above what one "
+        "machine serves: a quota is there to share a cluster, not to slow one box down).",
     )
     burst: int = Field(
-        400, ge=1, le=10_000_000, description="Token-bucket size for executions_per_second."
+        10_000, ge=1, le=10_000_000, description="Token-bucket size for executions_per_second."
     )
     cpu_seconds_per_day: float = Field(86_400.0, gt=0, description="CPU time per UTC day.")
     max_storage_mb: int = Field(
@@ -74,14 +78,14 @@ class QuotaLimits(BaseModel):
         64, ge=0, le=100_000, description="Snapshots kept (made and not deleted)."
     )
     sandbox_calls_per_second: float = Field(
-        100.0,
+        2_000.0,
         gt=0,
         le=1_000_000,
         description="Sustained rate of sandbox calls (create, exec, files, processes, "
         "snapshots, pause and resume; /v1/sandboxes and the E2B API alike).",
     )
     sandbox_call_burst: int = Field(
-        500, ge=1, le=10_000_000, description="Token-bucket size for sandbox_calls_per_second."
+        4_000, ge=1, le=10_000_000, description="Token-bucket size for sandbox_calls_per_second."
     )
     time_limit_basis: Literal["wall", "cpu"] = Field(
         "wall",
@@ -103,6 +107,26 @@ class QuotaLimits(BaseModel):
         return cls.model_validate(defaults.model_dump() | known)
 
 
+#: The quotas that only pace a tenant (a rate, a burst, executions at once): what the
+#: keyless tenant of one box is not held to unless the operator sets them.
+PACING = (
+    "executions_per_second",
+    "burst",
+    "max_concurrent_executions",
+    "sandbox_calls_per_second",
+    "sandbox_call_burst",
+)
+#: The pacing defaults before issue 30: a keyless tenant still holding all of them was
+#: made by an older ``make run``, and is lifted (``keyless_limits``).
+OLD_PACING = {
+    "executions_per_second": 200.0,
+    "burst": 400,
+    "max_concurrent_executions": 128,
+    "sandbox_calls_per_second": 100.0,
+    "sandbox_call_burst": 500,
+}
+
+
 class QuotaDefaults(QuotaLimits, BaseSettings):
     """The quotas of a new tenant unless the admin says otherwise (``CORRAL_QUOTA_*``)."""
 
@@ -110,6 +134,20 @@ class QuotaDefaults(QuotaLimits, BaseSettings):
 
     def limits(self) -> QuotaLimits:
         return QuotaLimits.model_validate(self.model_dump())
+
+    def keyless_limits(self) -> QuotaLimits:
+        """The quotas of the keyless tenant (``default_tenant``: local clients of one box,
+        SandboxFusion's): the defaults, with every pacing quota the operator did not set
+        (``CORRAL_QUOTA_*``) at its highest, so the machine's capacity (its nodes' slots,
+        the admission queue) is what limits them, not a rate meant for sharing a cluster."""
+        fields = QuotaLimits.model_fields
+        lifted: dict[str, Any] = {}
+        for name in PACING:
+            if name in self.model_fields_set:
+                continue
+            bound = next(m.le for m in fields[name].metadata if getattr(m, "le", None))
+            lifted[name] = bound
+        return QuotaLimits.model_validate(self.model_dump() | lifted)
 
 
 def _patch_model() -> type[BaseModel]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from app.http.endpoint import Endpoint
 from app.routes import (
+    admin,
     functions,
     health,
     invocations,
@@ -25,4 +26,5 @@ ENDPOINTS: list[Endpoint] = [
     *functions.endpoints,
     *sandboxes.endpoints,
     *usage.endpoints,
+    *admin.endpoints,
 ]

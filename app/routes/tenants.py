@@ -73,7 +73,9 @@ async def list_tenants(call: Call) -> TenantList:
 async def get_tenant(call: Call) -> TenantOut:
     async with call.services.sessions() as session:
         tenant = await repo.get_tenant(session, tenant_id=call.path["tenant_id"])
-    return _tenant_out(call, tenant)
+    out = _tenant_out(call, tenant)
+    out.throttled = await call.services.counters.throttles(tenant.id)
+    return out
 
 
 @endpoint(
@@ -98,7 +100,7 @@ async def update_tenant(call: Call) -> TenantOut:
             quota=body.quota.model_dump(exclude_none=True) if body.quota else None,
         )
         out = _tenant_out(call, tenant)
-    call.services.authenticator.forget_tenant(tenant_id)
+    await call.services.authenticator.revoked(tenant_id)
     return out
 
 
@@ -148,7 +150,7 @@ async def revoke_key(call: Call) -> KeyOut:
     async with call.services.sessions.begin() as session:
         key = await repo.revoke_key(session, tenant_id=tenant_id, key_id=call.path["key_id"])
         out = KeyOut.model_validate(key)
-    call.services.authenticator.forget_tenant(tenant_id)
+    await call.services.authenticator.revoked(tenant_id)
     return out
 
 

@@ -42,6 +42,7 @@ from app.errors import (
 from app.quotas.counters import QuotaCounters
 from app.quotas.readings import Readings, seconds_until_utc_midnight
 from app.quotas.spec import QuotaLimits
+from app.quotas.throttles import Throttles
 
 #: how long a sandbox call waits for a token of its bucket before it is refused
 CALL_WAIT_S = 1.0
@@ -156,9 +157,15 @@ class SandboxAdmission:
     """The checks that need shared state: the sandbox-calls bucket and the CPU reading."""
 
     def __init__(
-        self, counters: QuotaCounters, readings: Readings, *, call_wait_s: float = CALL_WAIT_S
+        self,
+        counters: QuotaCounters,
+        readings: Readings,
+        *,
+        call_wait_s: float = CALL_WAIT_S,
+        throttles: Throttles | None = None,
     ) -> None:
         self._counters = counters
+        self._throttles = throttles
         self.readings = readings
         self._call_wait_s = call_wait_s
 
@@ -173,13 +180,27 @@ class SandboxAdmission:
             max_wait=self._call_wait_s,
             bucket="sandbox_calls",
         )
+        rate = quota.sandbox_calls_per_second
         if wait is None:
+            if self._throttles is not None:
+                await self._throttles.note(
+                    principal.tenant_id, "sandbox_calls_per_second", "refused", limit=rate
+                )
             raise RateLimited(
-                f"over the tenant's sandbox_calls_per_second {quota.sandbox_calls_per_second:g}",
-                retry_after=max(1.0, 1.0 / quota.sandbox_calls_per_second),
+                f"over the tenant's sandbox_calls_per_second {rate:g}",
+                retry_after=max(1.0, 1.0 / rate),
+                limit=rate,
                 details={"quota": "sandbox_calls_per_second"},
             )
         if wait > 0:
+            if self._throttles is not None:
+                await self._throttles.note(
+                    principal.tenant_id,
+                    "sandbox_calls_per_second",
+                    "delayed",
+                    limit=rate,
+                    waited_s=wait,
+                )
             await asyncio.sleep(wait)
 
     async def cpu(self, principal: Principal) -> None:

@@ -37,6 +37,13 @@ class TenantOut(BaseModel):
     disabled: bool
     created_at: datetime
     quota: QuotaLimits
+    throttled: dict[str, int] = Field(
+        default_factory=dict,
+        description="How often each quota delayed or refused the tenant's requests, as "
+        '"<quota>:delayed" and "<quota>:refused" counts from every gateway (shown by GET '
+        "/v1/tenants/{id}; empty in lists). Counted since the quota counters were last "
+        "emptied (a restart, embedded).",
+    )
 
 
 class TenantList(BaseModel):

@@ -80,6 +80,7 @@ def test_models_define_the_expected_tables() -> None:
         "blobs",
         "snapshots",
         "console_sessions",
+        "dead_letters",
     }
     assert expected == MODEL_TABLES
 
@@ -89,7 +90,7 @@ async def test_upgrade_downgrade_upgrade(engine: AsyncEngine) -> None:
 
     await upgrade(engine, "head")
     assert await _tables(engine) == MODEL_TABLES | {"alembic_version"}
-    assert await _revision(engine) == "0010"
+    assert await _revision(engine) == "0011"
 
     await downgrade(engine, "base")
     assert await _tables(engine) == {"alembic_version"}
@@ -97,7 +98,7 @@ async def test_upgrade_downgrade_upgrade(engine: AsyncEngine) -> None:
 
     await upgrade(engine, "head")
     assert await _tables(engine) == MODEL_TABLES | {"alembic_version"}
-    assert await _revision(engine) == "0010"
+    assert await _revision(engine) == "0011"
 
 
 async def test_upgrade_is_idempotent(engine: AsyncEngine) -> None:

@@ -32,7 +32,7 @@ def test_an_unreachable_database_is_503_database_unavailable(
     healthy = services.authenticator._sessions
     broken = make_engine(f"postgresql+asyncpg://corral@127.0.0.1:{closed_port()}/corral")
     services.authenticator._sessions = make_sessionmaker(broken)
-    services.authenticator.forget_tenant(tenant["id"])
+    services.authenticator.cache.evict_tenant(tenant["id"])
     try:
         response = client.get("/v1/invocations", headers=tenant["headers"])
     finally:

@@ -26,7 +26,6 @@ from app.dispatch.inprocess import InProcessTransport
 from app.dispatch.redis import RedisGatewayTransport
 from app.dispatch.transport import GatewayTransport
 from app.failpoints import Failpoints
-from app.invocations.leader import Election
 from app.invocations.reconciler import FORGET_AFTER_S, NEVER_STARTED_EXTRA, Policy, Reconciler
 from app.invocations.recorder import Recorder
 from app.invocations.service import Timing
@@ -38,14 +37,6 @@ from runtimes.node.redis import RedisNodeTransport
 from runtimes.node.transport import Claim, Delivery, NodeTransport
 from wire.execution import RunLimits, RunSpec
 from wire.messages import Job, NodeReport, Started
-
-
-class Leads(Election):
-    async def lead(self) -> bool:
-        return True
-
-    async def close(self) -> None:
-        return None
 
 
 @dataclass
@@ -70,7 +61,6 @@ class World:
                 metrics=Metrics(),
                 failpoints=Failpoints({}),
             ),
-            election=Leads(),
             metrics=Metrics(),
             policy=Policy(
                 grace_s=0.0,
@@ -78,7 +68,6 @@ class World:
                 max_attempts=max_attempts,
                 timing=timing,
             ),
-            interval_s=0.1,
             clock=lambda: self.clock[0],
         )
 

@@ -1,16 +1,20 @@
 """The recorder, through the API, on both stacks: the answer is the stored row whatever the
-output's size, a failed write is retried until it is stored (never dropped), and nothing
-is acknowledged before it is stored."""
+output's size, a failed write is retried until it is stored (never dropped), nothing is
+acknowledged before it is stored, and a result whose write always fails goes to the dead
+letters without holding up the others."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
 
+from app.db import invocations
 from app.http.listeners import KeylessListener
 from app.main import create_app
 from app.settings import Settings
@@ -72,3 +76,51 @@ def test_a_result_write_that_fails_is_retried_and_stored(
         if line.startswith('corral_recorder_events_total{outcome="retried"}')
     ]
     assert retried and float(retried[0].split()[-1]) >= 1
+
+
+def test_a_result_that_is_never_stored_goes_to_the_dead_letters_and_the_stream_moves_on(
+    make_settings: Callable[..., Settings], stack: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A poison result (its write fails every time, for a reason of its own) is tried
+    ``record_tries`` times, then kept as a dead letter, its invocation ended errored with
+    ``result_not_stored``, and the results after it are stored as ever."""
+    real = invocations.Finish.values
+
+    def poisoned(self: invocations.Finish, now: datetime) -> Any:
+        if self.result.run is not None and self.result.run.stdout.startswith("poison"):
+            raise ValueError("this result cannot be stored")
+        return real(self, now)
+
+    monkeypatch.setattr(invocations.Finish, "values", poisoned)
+    # a result that never came would be answered 504 after this grace
+    settings = make_settings(record_tries=3, result_wait_grace_seconds=2.0, **stack)
+    with TestClient(create_app(settings)) as client:
+        created = client.post("/v1/tenants", json={"name": "dl"}, headers=ADMIN).json()
+        headers = {"Authorization": f"Bearer {created['key']['api_key']}"}
+        poison = run(client, headers, {"stdout": "poison"})
+        after = run(client, headers, {"stdout": "after"})
+        with ThreadPoolExecutor(6) as pool:  # a poison among others, at once
+            answers = list(
+                pool.map(
+                    lambda out: run(client, headers, {"stdout": out}),
+                    ["poison-2", *(f"ok-{i}" for i in range(5))],
+                )
+            )
+        letters = client.get("/v1/admin/dead-letters", headers=ADMIN)
+        stored = client.get(f"/v1/invocations/{poison['invocation_id']}", headers=headers)
+        metrics = client.get("/metrics").text
+
+    assert (poison["status"], poison["error"].split(":")[0]) == ("errored", "result_not_stored")
+    assert stored.json()["status"] == "errored" and stored.json()["error"] == poison["error"]
+    assert (after["status"], after["run"]["stdout"]) == ("succeeded", "after")
+    assert answers[0]["error"].startswith("result_not_stored:")
+    assert [a["status"] for a in answers[1:]] == ["succeeded"] * 5
+    assert letters.status_code == 200, letters.text
+    kept = letters.json()["dead_letters"]
+    assert {d["invocation_id"] for d in kept} == {
+        poison["invocation_id"],
+        answers[0]["invocation_id"],
+    }
+    assert all(d["kind"] == "finished" and d["tries"] == 3 for d in kept)
+    assert all("cannot be stored" in d["error"] and '"poison' in d["event"] for d in kept)
+    assert 'corral_recorder_events_total{outcome="dead_lettered"} 2.0' in metrics

@@ -189,7 +189,7 @@ def test_the_cpu_a_node_read_reaches_the_record_without_a_client_asking(
 
     async def read_and_sync() -> None:
         await manager.read_usage()  # the node's reaper, every USAGE_EVERY_S
-        await services.sandboxes.sync()  # the leader's reconciler, every reconcile_seconds
+        await services.sandboxes.sync()  # the leader's sandboxes job, every sandbox_sync_seconds
 
     run(client, read_and_sync)
     [row] = [r for r in rows(client, tenant["id"]) if r.id == sbx["id"]]
