@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -56,10 +57,10 @@ async def test_a_node_starting_on_a_dead_lxcfs_restarts_it(lxcfs: Lxcfs) -> None
     assert b"MemTotal" in (lxcfs.directory / "proc" / "meminfo").read_bytes()
 
 
-async def test_a_create_after_lxcfs_died_restarts_it_before_binding_its_files(
+def test_a_create_after_lxcfs_died_restarts_it_before_binding_its_files(
     lxcfs: Lxcfs,
 ) -> None:
-    assert await lxcfs.ensure()
+    assert asyncio.run(lxcfs.ensure())
     _kill(lxcfs)
     views = lxcfs.views()
     assert views and lxcfs.serving
