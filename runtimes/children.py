@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Protocol
 
 log = logging.getLogger(__name__)
 
@@ -18,8 +19,18 @@ log = logging.getLogger(__name__)
 CANCEL_GRACE_S = 5.0
 
 
+class Talking(Protocol):
+    """A started command (``asyncio.subprocess.Process``, ``threadspawn.Child``)."""
+
+    pid: int
+
+    async def communicate(self, data: bytes | None = None, /) -> tuple[bytes, bytes]: ...
+    async def wait(self) -> int: ...
+    def kill(self) -> None: ...
+
+
 async def communicate(
-    proc: asyncio.subprocess.Process,
+    proc: Talking,
     data: bytes | None = None,
     *,
     grace_s: float = CANCEL_GRACE_S,

@@ -10,6 +10,12 @@ threads of its own, then connects the child's pipes to the loop as asyncio strea
 watches its exit through a pidfd: nothing of a start runs on the loop but those few
 calls.
 
+``start(*argv)`` is the short form for a plain command (a runtime's ``crun run``, ``nft``):
+under uvloop, ``asyncio.create_subprocess_exec`` forks the whole node process on the
+loop's thread (libuv has no vfork on Linux), which costs milliseconds of CPU per command
+in a process of a few hundred MB, and a sandbox's create and destroy run several such
+commands; ``subprocess.Popen`` on these threads uses vfork and costs a fraction of one.
+
 A caller cancelled while ``prepare`` runs still gets nothing half-made: the cancellation
 waits for ``prepare`` to return, then ``Child.abandon`` kills and reaps the child (off
 the loop) before it goes on; ``prepare`` must release what it made itself if it raises.
@@ -26,6 +32,8 @@ import subprocess
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from runtimes.pipes import PipeReader, PipeWriter
+
 log = logging.getLogger(__name__)
 
 #: threads that run ``prepare`` (a start's file-system work, fork and exec); the pools
@@ -40,28 +48,19 @@ def run_off_loop[T](fn: Callable[[], T]) -> asyncio.Future[T]:
     return asyncio.get_running_loop().run_in_executor(_threads, fn)
 
 
-class _WriteProtocol(asyncio.streams.FlowControlMixin, asyncio.Protocol):
-    """What a ``StreamWriter`` on a pipe needs: flow control for ``drain()``."""
-
-
-def _reading_into(
-    reader: asyncio.StreamReader, loop: asyncio.AbstractEventLoop
-) -> Callable[[], asyncio.StreamReaderProtocol]:
-    return lambda: asyncio.StreamReaderProtocol(reader, loop=loop)
-
-
 class Child:
-    """A running child: ``stdin`` as a ``StreamWriter``, ``stdout``/``stderr`` as
-    ``StreamReader``-s (None where the Popen has no pipe), ``wait()`` for its exit."""
+    """A running child: ``stdin`` as a ``PipeWriter``, ``stdout``/``stderr`` as
+    ``StreamReader``-s (None where the Popen has no pipe; ``runtimes.pipes``), ``wait()``
+    for its exit."""
 
     def __init__(self, popen: subprocess.Popen[bytes]) -> None:
         self._popen = popen
         self.pid = popen.pid
-        self.stdin: asyncio.StreamWriter | None = None
+        self.stdin: PipeWriter | None = None
         self.stdout: asyncio.StreamReader | None = None
         self.stderr: asyncio.StreamReader | None = None
         self._pidfd: int | None = None
-        self._transports: list[asyncio.BaseTransport] = []
+        self._readers: list[PipeReader] = []
         self._exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
     @property
@@ -75,27 +74,24 @@ class Child:
         loop.add_reader(self._pidfd, self._on_exit)
         self._on_exit()  # it may have exited already
         if popen.stdin is not None:
-            transport, protocol = await loop.connect_write_pipe(
-                lambda: _WriteProtocol(loop), popen.stdin
-            )
-            self._transports.append(transport)
-            self.stdin = asyncio.StreamWriter(transport, protocol, None, loop)
+            self.stdin = PipeWriter(os.dup(popen.stdin.fileno()))
+            popen.stdin.close()
         for name in ("stdout", "stderr"):
             pipe = getattr(popen, name)
             if pipe is None:
                 continue
             reader = asyncio.StreamReader(loop=loop)
-            reading, _ = await loop.connect_read_pipe(_reading_into(reader, loop), pipe)
-            self._transports.append(reading)
+            self._readers.append(PipeReader(os.dup(pipe.fileno()), reader))
+            pipe.close()
             setattr(self, name, reader)
 
     def close(self) -> None:
-        """Close the node's ends of the child's pipes (once it is done with them): a read
-        pipe's transport does not close itself at EOF on every event loop (uvloop keeps
-        it open for the protocol), and one left open warns when it is collected."""
-        for transport in self._transports:
-            transport.close()
-        self._transports.clear()
+        """Close the node's ends of the child's pipes (once it is done with them)."""
+        if self.stdin is not None:
+            self.stdin.close()
+        for reading in self._readers:
+            reading.close()
+        self._readers.clear()
 
     def _on_exit(self) -> None:
         if self._popen.poll() is None:
@@ -124,6 +120,41 @@ class Child:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
+
+    async def communicate(self, data: bytes | None = None) -> tuple[bytes, bytes]:
+        """As ``asyncio.subprocess.Process.communicate``: ``data`` to its stdin (then
+        closed), all of its stdout and stderr, once it has exited; its pipes closed."""
+        try:
+            if self.stdin is not None:
+                if data:
+                    self.stdin.write(data)
+                    with contextlib.suppress(ConnectionError):
+                        await self.stdin.drain()
+                self.stdin.close()
+            out, err = await asyncio.gather(_all_of(self.stdout), _all_of(self.stderr))
+            await self.wait()
+            return out, err
+        finally:
+            self.close()
+
+
+async def _all_of(stream: asyncio.StreamReader | None) -> bytes:
+    return b"" if stream is None else await stream.read()
+
+
+async def start(
+    *argv: str,
+    stdin: int = subprocess.DEVNULL,
+    stdout: int = subprocess.DEVNULL,
+    stderr: int = subprocess.DEVNULL,
+    pass_fds: tuple[int, ...] = (),
+) -> Child:
+    """Start the command ``argv`` (``subprocess.PIPE`` for the streams to talk through)."""
+    return await launch(
+        lambda: subprocess.Popen(
+            list(argv), stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=pass_fds
+        )
+    )
 
 
 async def launch(prepare: Callable[[], subprocess.Popen[bytes]]) -> Child:

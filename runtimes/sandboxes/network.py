@@ -49,11 +49,13 @@ import json
 import logging
 import os
 import socket
+import subprocess
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
+from runtimes import threadspawn
 from runtimes.children import communicate
 from runtimes.sandboxes.base import BackendUnavailable, SandboxError
 from wire.sandboxes import Destination, NetworkPolicy, parse_destination
@@ -422,11 +424,11 @@ async def _table_contents(table: str) -> tuple[set[str], set[str]]:
 
 
 async def _run(*args: str, stdin: str | None = None, check: bool = True) -> bytes:
-    proc = await asyncio.create_subprocess_exec(
+    proc = await threadspawn.start(  # not the loop's fork: see runtimes.threadspawn
         *args,
-        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     out, err = await communicate(proc, stdin.encode() if stdin is not None else None)
     if check and proc.returncode != 0:

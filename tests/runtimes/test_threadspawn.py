@@ -5,6 +5,7 @@ half-way."""
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import threading
 
@@ -71,3 +72,51 @@ async def test_signals_reach_a_running_child_and_never_a_reaped_pid() -> None:
     child.terminate()
     assert await child.wait() == -15
     child.kill()  # reaped already: nothing is signalled
+
+
+async def test_a_command_started_off_the_loop_takes_input_and_answers_both_streams() -> None:
+    child = await threadspawn.start(
+        "sh",
+        "-c",
+        "cat; echo err >&2; exit 3",
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert await child.communicate(b"x" * 200_000) == (b"x" * 200_000, b"err\n")
+    assert child.returncode == 3
+
+
+def test_a_childs_input_is_closed_once_under_uvloop_while_other_threads_open_files() -> None:
+    """uvloop's write-pipe transport closed its descriptor twice; a number another
+    thread had reused in between (a sandbox's mounts, a jail's start) was closed under
+    it, which surfaced as EBADF in that thread's own ``os.close``."""
+    uvloop = pytest.importorskip("uvloop")
+    errors: list[OSError] = []
+    stop = threading.Event()
+
+    def open_and_close() -> None:
+        while not stop.is_set():
+            fds = [os.open("/proc/self/stat", os.O_RDONLY) for _ in range(5)]
+            for fd in fds:
+                try:
+                    os.close(fd)
+                except OSError as exc:
+                    errors.append(exc)
+
+    async def one() -> None:
+        child = await threadspawn.start("cat", stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert await child.communicate(b"x") == (b"x", b"")
+
+    async def rounds() -> None:
+        for _ in range(100):
+            await asyncio.gather(*(one() for _ in range(8)))
+
+    other = threading.Thread(target=open_and_close)
+    other.start()
+    try:
+        uvloop.run(rounds())
+    finally:
+        stop.set()
+        other.join()
+    assert errors == []

@@ -35,11 +35,13 @@ import logging
 import os
 import shutil
 import stat
+import subprocess
 import time
 from collections.abc import AsyncIterable, AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from runtimes import threadspawn
 from runtimes.children import communicate
 from runtimes.sandboxes import rooted
 from runtimes.sandboxes.base import (
@@ -767,14 +769,13 @@ class CrunBackend(SandboxBackend):
             if reverse is not None:
                 source = await asyncio.to_thread(mounts.idmapped_tree, upper, reverse)
             # cp -a keeps overlayfs's whiteouts (0/0 devices) and opaque-dir xattrs
-            proc = await asyncio.create_subprocess_exec(
+            proc = await threadspawn.start(
                 "cp",
                 "-a",
                 "--reflink=auto",
                 str(upper) if source is None else mounts.fd_path(source) + "/",
                 str(staging),
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 pass_fds=() if source is None else (source,),
             )
             _, err = await communicate(proc)
@@ -816,11 +817,10 @@ class CrunBackend(SandboxBackend):
         command = [self._bin(), "--root", str(self.state_dir), *args]
         if fd3 is not None:
             command = [str(self.init_binary), "fdexec", str(fd3), *command]
-        proc = await asyncio.create_subprocess_exec(
+        proc = await threadspawn.start(  # not the loop's fork: see runtimes.threadspawn
             *command,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE if stdio else asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE if stdio else asyncio.subprocess.DEVNULL,
+            stdout=subprocess.PIPE if stdio else subprocess.DEVNULL,
+            stderr=subprocess.PIPE if stdio else subprocess.DEVNULL,
             pass_fds=() if fd3 is None else (fd3,),
         )
         out, err = await communicate(proc)

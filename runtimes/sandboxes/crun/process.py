@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Protocol
 
+from runtimes.pipes import PipeWriter
 from runtimes.sandboxes.base import Process
 from runtimes.sandboxes.crun.discard import discard
 from wire.sandboxes import ExecEvent, ExecExit, ExecOutput, ExecStarted
@@ -43,12 +44,10 @@ KILL_WAIT_S = 5.0
 
 
 def _pipe_transport(stream: asyncio.StreamReader) -> asyncio.ReadTransport | None:
-    """The pipe transport that feeds ``stream`` (its ``StreamReaderProtocol`` handed it
-    to the reader), or None."""
+    """The transport that feeds ``stream`` from its pipe (a ``runtimes.pipes.PipeReader``,
+    or an asyncio subprocess's pipe transport), or None."""
     transport = getattr(stream, "_transport", None)
-    if isinstance(transport, asyncio.ReadTransport) and transport.get_extra_info("pipe"):
-        return transport
-    return None
+    return transport if isinstance(transport, asyncio.ReadTransport) else None
 
 
 def session_members(procs_file: Path, session: int) -> list[int]:
@@ -85,7 +84,9 @@ class Child(Protocol):
     """What a command's runner gives: a ``crun exec`` (an asyncio subprocess) or a
     command the sandbox's init started (``spawn.Spawned``)."""
 
-    stdin: asyncio.StreamWriter | None
+    @property
+    def stdin(self) -> asyncio.StreamWriter | PipeWriter | None: ...
+
     stdout: asyncio.StreamReader | None
     stderr: asyncio.StreamReader | None
 

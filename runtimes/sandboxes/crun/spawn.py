@@ -20,9 +20,10 @@ import os
 import signal
 import socket
 import struct
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from runtimes.pipes import PipeReader, PipeWriter
 from runtimes.sandboxes.base import SandboxUnresponsive
 
 SOCKET_NAME = "spawn.sock"
@@ -75,20 +76,22 @@ class Spawned:
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
-        self.stdin: asyncio.StreamWriter | None = None
+        self.stdin: PipeWriter | None = None
         self.stdout: asyncio.StreamReader | None = None
         self.stderr: asyncio.StreamReader | None = None
         self.pid = 0  #: the host's pid of the command (0 if it never started)
         self.returncode: int | None = None
         self._ended: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._watcher: asyncio.Task[None] | None = None
-        self._transports: list[asyncio.BaseTransport] = []
+        self._readers: list[PipeReader] = []
 
     def close(self) -> None:
         """Close the node's ends of the pipes (a background child still holding the
         command's stdout must not hold a descriptor of the node)."""
-        for transport in self._transports:
-            transport.close()
+        if self.stdin is not None:
+            self.stdin.close()
+        for reading in self._readers:
+            reading.close()
 
     async def _receive(self, size: int) -> tuple[bytes, int | None]:
         """Up to ``size`` bytes and the sender's pid if credentials came with them."""
@@ -203,29 +206,15 @@ async def spawn(
     for fd in theirs:
         os.close(fd)
     process = Spawned(sock)
-    pipes = [os.fdopen(fd, "wb" if i == 0 else "rb", buffering=0) for i, fd in enumerate(ours)]
+    # not the loop's pipe transports: ``runtimes.pipes`` says why
+    process.stdin = PipeWriter(ours[0])
+    readers = [asyncio.StreamReader(limit=1 << 20, loop=loop) for _ in ours[1:]]
+    process._readers = [PipeReader(fd, r) for fd, r in zip(ours[1:], readers, strict=True)]
+    process.stdout, process.stderr = readers
     try:
-        writing, protocol = await loop.connect_write_pipe(
-            lambda: asyncio.streams.FlowControlMixin(loop=loop), pipes[0]
-        )
-        process._transports.append(writing)
-        process.stdin = asyncio.StreamWriter(writing, protocol, None, loop)
-        readers = [asyncio.StreamReader(limit=1 << 20, loop=loop) for _ in pipes[1:]]
-        for reader, pipe in zip(readers, pipes[1:], strict=True):
-            reading, _ = await loop.connect_read_pipe(_protocol_of(reader, loop), pipe)
-            process._transports.append(reading)
-        process.stdout, process.stderr = readers
         await process._started(name)
     except BaseException:
         process.close()
-        for pipe in pipes[len(process._transports) :]:
-            pipe.close()
         sock.close()
         raise
     return process
-
-
-def _protocol_of(
-    reader: asyncio.StreamReader, loop: asyncio.AbstractEventLoop
-) -> Callable[[], asyncio.StreamReaderProtocol]:
-    return lambda: asyncio.StreamReaderProtocol(reader, loop=loop)

@@ -15,8 +15,10 @@ import asyncio
 import contextlib
 import os
 import shutil
+import subprocess
 from collections import OrderedDict
 
+from runtimes import threadspawn
 from runtimes.children import communicate
 from runtimes.sandboxes.base import BackendUnavailable
 
@@ -59,12 +61,12 @@ class UserNamespaces:
 
 async def _make(mapping: str) -> int:
     try:
-        proc = await asyncio.create_subprocess_exec(
+        proc = await threadspawn.start(  # not the loop's fork: see runtimes.threadspawn
             shutil.which("unshare") or "/usr/bin/unshare",
             *_HELPER,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
         )
     except OSError as exc:
         raise BackendUnavailable(f"cannot make a user namespace: {exc}") from exc
