@@ -52,7 +52,8 @@ async def side_by_side(after: Load, before: Load, requests: int) -> tuple[Any, A
     """Summaries of ``requests`` calls to each of two servers, measured in four halves,
     after-before-before-after, so that neither side always goes first (a drift of the
     machine during a level falls on both). Two servers of the same code still differ by
-    up to ~1.4 ms p50 at c=1 on the development box (docs/benchmarks.md)."""
+    up to ~1.4 ms p50 at c=1 on the development box (docs/benchmarks.md, "The baseline is
+    in the same run")."""
     half = max(1, requests // 2)
     runs: dict[str, list[tuple[list[float], dict[str, int], float]]] = {"a": [], "b": []}
     for side, load_ in (("a", after), ("b", before), ("b", before), ("a", after)):

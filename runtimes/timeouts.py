@@ -2,9 +2,10 @@
 
 ``asyncio.wait_for`` around ``asyncio.shield`` makes a timeout context, a second future and
 their callbacks for every wait: on the wasm path, per call, that was about 5 % of the
-worker's Python work (docs/benchmarks.md, "Lighter instances, the transport's frames
-together"). Where the awaited future is the waiter's own, so nothing else needs it intact,
-one ``call_later`` that fails it with ``TimeoutError`` bounds the wait the same way.
+worker's Python work (docs/benchmarks-history.md, "Lighter instances, the transport's
+frames together, a parametrised route found by prefix"). Where the awaited future is the
+waiter's own, so nothing else needs it intact, one ``call_later`` that fails it with
+``TimeoutError`` bounds the wait the same way.
 """
 
 from __future__ import annotations

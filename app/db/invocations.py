@@ -70,7 +70,9 @@ class InvocationRow:
     its final write stored (``app.invocations.service``): a plain record of the same
     columns as ``Invocation``, so that the hot path answers without an ORM instance,
     whose instrumented construction and attribute writes cost 26 µs per call
-    (docs/benchmarks.md). A row read from the database is an ``Invocation``."""
+    (docs/benchmarks-history.md, "Issue 10, 2026-12-03: the gateway's row record and route
+    table, the login shell, the compiled Python driver"). A row read from the database is
+    an ``Invocation``."""
 
     id: str
     tenant_id: str

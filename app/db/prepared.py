@@ -4,7 +4,8 @@ A lifecycle write (``app.db.invocations``) runs a few fixed Core statements per 
 Through ``Connection.execute`` each one pays SQLAlchemy's execution layers (an execution
 context, the compiled cache's look-up, parameter processing, a result object) in Python:
 on the embedded default that was 13 % of the event loop's thread at concurrency 1, twice
-what ``sqlite3`` itself spent executing and committing (docs/benchmarks.md).
+what ``sqlite3`` itself spent executing and committing (docs/benchmarks-history.md, "The
+lifecycle's statements on `sqlite3`'s cursor").
 
 ``Prepared`` compiles its statement once per set of parameter names for the ``pysqlite``
 driver (the plain ``sqlite3`` connections of ``app.db.transactions``) and keeps the SQL

@@ -20,7 +20,8 @@ synchronous SQLAlchemy ``Connection``, so the same statements run on either comm
   a lifecycle write's commit through aiosqlite 1.2 ms, in the thread 0.36 ms; at
   concurrency 1, where every batch is one write, committing on the loop took a call's
   p50 from 3.3-4.1 to 2.8-3.0 ms: two thread wake-ups per commit fewer
-  (docs/benchmarks.md).
+  (docs/benchmarks-history.md, "A lone write commits on the event loop when the write
+  lock is free").
 
   Checkpoints: the loop's connection never checkpoints as it commits (a checkpoint
   syncs the file: too long for the event loop). After ``checkpoint_every`` commits on
@@ -32,7 +33,8 @@ synchronous SQLAlchemy ``Connection``, so the same statements run on either comm
 
 Both committers also read a row by primary key (``get``): ``SQLiteTransactions`` on its
 loop connection, on the event loop (one ``Sandbox`` row through aiosqlite cost 1.3 ms of
-CPU, on the loop 0.35 ms: docs/benchmarks.md); the sessions otherwise.
+CPU, on the loop 0.35 ms: docs/benchmarks-history.md, "Exec in a running sandbox: the
+embedded node called in its process, its record read on the loop"); the sessions otherwise.
 
 Within a batch, batchables run grouped by class in ``stage`` order (the lifecycle order of
 a row: created, running, finished), then plain writes in queue order.
@@ -176,7 +178,8 @@ class SQLiteTransactions:
         self._loop_engine = loop_engine
         self._thread_engine = thread_engine
         # one connection each, kept: checking one out of the pool for every commit was
-        # 15 % of the writer thread's time at concurrency 32 (docs/benchmarks.md)
+        # 15 % of the writer thread's time at concurrency 32 (docs/benchmarks-history.md,
+        # "What changed, from the profiles")
         self._loop_conn = _KeptConnection(loop_engine)
         self._thread_conn = _KeptConnection(thread_engine)
         self._fallback = fallback

@@ -3,7 +3,8 @@
 Every command, file and process call of a sandbox (the E2B envd API, exec) reads its
 record only to check the tenant, find the node and see that it has not stopped. Those
 columns come from one ``KeyRead`` (``app.db.reads``), not from an ORM instance of the
-whole row (about 0.15 ms less per call on the embedded default; docs/benchmarks.md).
+whole row (about 0.15 ms less per call on the embedded default; docs/benchmarks-history.md,
+"A sandbox's place, read by key").
 """
 
 from __future__ import annotations

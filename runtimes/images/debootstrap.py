@@ -186,7 +186,8 @@ def _quick_login_profile(rootfs: Path) -> None:
 
     Debian's /etc/profile runs ``$(id -u)`` to choose PATH: a fork and an exec of ``id``
     in every login shell. The E2B SDKs run every command as ``/bin/bash -l -c CMD``, so
-    that was 1.8 ms of each ``commands.run("true")`` (docs/benchmarks.md). ``${EUID:-...}``
+    that was 1.8 ms of each ``commands.run("true")`` (docs/benchmarks-history.md, "Exec
+    through the E2B SDK: a login shell that forks"). ``${EUID:-...}``
     gives bash's own value; a shell without ``EUID`` (dash as ``sh -l``) still asks ``id``.
     """
     profile = rootfs / "etc/profile"

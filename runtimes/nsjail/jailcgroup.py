@@ -64,7 +64,8 @@ class ControlFiles:
     A call reads and writes half a dozen of them (the peak reset, the OOM-kill counter
     and the CPU counter, before and after it). Opened by path every time, with the
     path built each time, that work was 18 % of a busy node's main thread at
-    concurrency 32, and 7 % with the descriptors kept (docs/benchmarks.md); each use is
+    concurrency 32, and 7 % with the descriptors kept (docs/benchmarks-history.md, "The
+    jail's cgroup files, opened once"); each use is
     one ``pread``/``pwrite`` at offset 0, which the kernel answers afresh like a new
     open's first read (tests/runtimes/nsjail/test_jailcgroup.py). A descriptor whose
     use failed is closed, so the next use opens the file again.

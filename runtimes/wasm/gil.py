@@ -8,8 +8,8 @@ deleting the Store). Most return in a microsecond or two, but with the loop thre
 the guest threads all wanting the GIL, each release hands it to another thread, and the
 caller then sleeps until it gets it back: two context switches for a microsecond of work.
 The executor alone at concurrency 32 made 52 context switches per call, and 26-30 with
-these calls keeping the GIL (docs/benchmarks.md, "The GIL kept across wasmtime's short
-calls").
+these calls keeping the GIL (docs/benchmarks-history.md, "The GIL kept across wasmtime's
+short calls").
 
 ``keep_gil_in_short_calls()`` rebinds the calls named in ``SHORT_CALLS`` to the same
 symbols loaded through ``ctypes.PyDLL``, whose calls keep the GIL. wasmtime-py's wrappers

@@ -24,7 +24,7 @@ globals, anything writable or descriptors. Its life:
    has read the output and the files and called ``dispose()``, and the Store is closed:
    whichever of the two comes last does it. Waiting for the caller on the guest's
    thread instead cost each call a wake-up of that thread and its taking of the GIL
-   back (docs/benchmarks.md, "The GIL kept across wasmtime's short calls").
+   back (docs/benchmarks-history.md, "The GIL kept across wasmtime's short calls").
 """
 
 from __future__ import annotations
@@ -238,7 +238,8 @@ class Instance:
     # --- callbacks ----------------------------------------------------------------------
     # Plain flags under a lock, not ``threading.Event``s, and no ``concurrent.futures``
     # future for the outcome: nobody blocks on them, and each of those costs a Condition
-    # per instance (docs/benchmarks.md, "The GIL kept across wasmtime's short calls").
+    # per instance (docs/benchmarks-history.md, "Lighter instances, the transport's frames
+    # together, a parametrised route found by prefix").
     @property
     def done(self) -> bool:
         """The guest has ended (``outcome`` is set)."""

@@ -11,9 +11,10 @@ rest, so a flood costs the guest time (bounded by its deadline) and the host no 
   to close. A guest whose writes outrun the loop
   blocks in ``write`` until the loop drains.
 * ``OutputPipes`` lends FIFOs to instances one at a time and takes them back, so a call
-  does not make, open, watch, close and unlink two FIFOs (docs/benchmarks.md, "Output pipes
-  lent, not made"). The worker holds a write end of each itself, so the read end never
-  reads end-of-file and never wakes the loop for a hang-up. A pipe comes back only from an
+  does not make, open, watch, close and unlink two FIFOs (docs/benchmarks-history.md,
+  "Issue 10, 2026-12-03, afternoon: output pipes lent, not made"). The worker holds a
+  write end of each itself, so the read end never reads end-of-file and never wakes the
+  loop for a hang-up. A pipe comes back only from an
   instance whose guest returned and was collected, after its Store (the guest's write end)
   is closed; before it is lent again, ``reusable()`` proves that nobody else writes to it
   (with the worker's own write end closed, a read returns end-of-file) and that nothing
@@ -25,7 +26,7 @@ rest, so a flood costs the guest time (bounded by its deadline) and the host no 
   because before ``arm()`` it is in warm-up mode, looking for the ready marker a
   bootstrap writes when it is about to wait for its program, and keeping nothing. For a
   small module's call it cost 0.3 ms and a dozen thread switches more than a pipe
-  (docs/benchmarks.md, "Output through a pipe").
+  (docs/benchmarks-history.md, "Output through a pipe").
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ released and a guest may block in a host call for as long as its limits allow. S
 Python thread per call was the largest item of the worker's event loop: ``Thread.start``
 waits until the new thread has taken the GIL, and with guests and the epoch ticker
 competing for it that wait was 38 % of the loop's time at concurrency 32
-(docs/benchmarks.md, "Guest threads kept, stdin in memory, one shared empty work dir").
+(docs/benchmarks-history.md, "Guest threads kept, stdin in memory, one shared empty work
+dir").
 These threads are kept instead: a task goes to an idle thread when there is one and starts
 a new thread only when there is none, so no task waits for another to finish, and the
 number of threads follows the number of guests running at once. A thread idle for

@@ -27,7 +27,8 @@ class SiblingFork:
     this the template forks a courier that forks the spare and exits; every fork and exit
     of a CPython image costs about its resident size in page-table work (1.8 ms for the
     template's 23 MB on this machine's nested paging, against 0.17 ms for a small C
-    program: docs/benchmarks.md), so the courier doubled the cost of each call's process.
+    program: docs/benchmarks-history.md, "Where the jail's time went: the courier's second
+    fork"), so the courier doubled the cost of each call's process.
 
     What it does is what ``os.fork`` does (``PyOS_BeforeFork``, the system call with the
     interpreter lock held, ``PyOS_AfterFork_Child`` / ``_Parent``: the interpreter's

@@ -88,7 +88,8 @@ def _libc() -> Any:
 
 #: the signals ``_default_signals`` ignores, and those it sets to their default action:
 #: plain numbers, listed once at start-up, so that a spare runs one system call per signal
-#: and little else (a spare's every step is paid in copied pages: docs/benchmarks.md)
+#: and little else (a spare's every step is paid in copied pages: docs/benchmarks-history.md,
+#: "The spare's signal reset from numbers listed at start-up")
 _IGNORED_SIGNALS = (int(signal.SIGPIPE), int(signal.SIGXFSZ))
 _DEFAULT_SIGNALS = tuple(
     int(signum)
