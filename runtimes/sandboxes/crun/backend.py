@@ -220,6 +220,7 @@ class CrunBackend(SandboxBackend):
         if self.network is not None:
             await self.network.close()
         self._namespaces.close()
+        self.lxcfs.close()  # (LXCFS itself serves on: it is the host's, not the node's)
 
     # --- lifecycle ----------------------------------------------------------------------
     def _cid(self, sandbox_id: str) -> str:

@@ -25,6 +25,7 @@ import errno
 import fcntl
 import logging
 import os
+import select
 import shutil
 import subprocess
 import time
@@ -62,6 +63,8 @@ class Lxcfs:
         self.enabled = directory is not None
         self._cgroup_root = cgroup_root
         self.serving = False
+        #: a pidfd of the LXCFS that serves: whether it ended is one poll, not a FUSE read
+        self._pidfd: int | None = None
 
     async def ensure(self) -> bool:
         """Make sure LXCFS serves ``directory``; whether it does."""
@@ -73,7 +76,7 @@ class Lxcfs:
         """Bind mounts of the sandbox's own figures (none when LXCFS does not serve), for
         a sandbox about to start: blocking (called off the event loop). A dead LXCFS is
         restarted first, so the new sandbox never binds a mount that answers ENOTCONN."""
-        if self.serving and not self._answers():
+        if self.serving and self._ended():
             self.serving = self._ensure()
         if not self.serving:
             return []
@@ -101,12 +104,34 @@ class Lxcfs:
         lock = os.open(f"{self.directory}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            if self._alive():
-                return True
-            mounts.unmount(self.directory)  # a dead one's mount answers ENOTCONN
-            return self._start(binary)
+            if not self._alive():
+                mounts.unmount(self.directory)  # a dead one's mount answers ENOTCONN
+                if not self._start(binary):
+                    return False
+            self._watch()
+            return True
         finally:
             os.close(lock)
+
+    def _watch(self) -> None:
+        """Keep a pidfd of the serving LXCFS (by its pid file)."""
+        self.close()
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(Path(f"{self.directory}.pid").read_text().split()[0])
+            self._pidfd = os.pidfd_open(pid)
+
+    def close(self) -> None:
+        """Let go of the pidfd (LXCFS serves on, for the host's other nodes)."""
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+    def _ended(self) -> bool:
+        """Whether the LXCFS this node found serving has ended (without a pidfd: whether
+        its mount no longer answers)."""
+        if self._pidfd is None:
+            return not self._answers()
+        return bool(select.select([self._pidfd], [], [], 0)[0])
 
     def _alive(self) -> bool:
         return _is_lxcfs_mount(self.directory) and self._answers()
