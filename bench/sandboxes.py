@@ -301,6 +301,21 @@ async def creates_per_second(api: Api, n: int, concurrency: int) -> dict[str, An
     return out
 
 
+async def fill_history(api: Api, n: int) -> None:
+    """``n`` sandboxes created, run once and destroyed, 8 at a time: the history a server
+    has after a while of use (its tables, its node's state), before anything is timed."""
+    if n:
+        await creates_per_second(api, n, 8)
+
+
+async def fill_history_at(url: str, key: str, n: int) -> None:
+    api = Api(url, key)
+    try:
+        await fill_history(api, n)
+    finally:
+        await api.http.aclose()
+
+
 async def burst(api: Api, n: int) -> dict[str, Any]:
     started = time.perf_counter()
     ready: list[float] = []
@@ -435,6 +450,13 @@ def main() -> None:
         default=0,
         help="warm python sandboxes of both --compare servers (their creates then claim)",
     )
+    parser.add_argument(
+        "--history",
+        type=int,
+        default=0,
+        help="create and destroy this many sandboxes on each server before measuring "
+        "(a server with a long history, as users run it)",
+    )
     args = parser.parse_args()
 
     if not args.url and not (IMAGES / "names" / "python").exists():
@@ -457,6 +479,7 @@ def main() -> None:
 
     async def cold_suite(url: str, key: str) -> None:
         api = Api(url, key)
+        await fill_history(api, args.history)
         result["create_to_first_exec_cold"] = await create_to_first_exec(api, args.creates)
         result["exec_true"] = await exec_latency(api, args.execs)
         result["exec_true_e2b_sdk"] = await asyncio.to_thread(
@@ -473,6 +496,7 @@ def main() -> None:
 
     async def pool_suite(url: str, key: str) -> None:
         api = Api(url, key)
+        await fill_history(api, args.history)
         await asyncio.sleep(3)  # the pool warms up
         result["create_to_first_exec_pool"] = await create_to_first_exec(
             api, args.creates, pause_s=0.3
@@ -506,6 +530,8 @@ def main() -> None:
         servers = {"after": serve(warm), "before": serve(warm, tree)}
         try:
             sides = {side: (s.url, bench_key(s)) for side, s in servers.items()}
+            for url, key in sides.values():
+                asyncio.run(fill_history_at(url, key, args.history))
             compared = asyncio.run(exec_compare(sides, args.execs))
             result["exec_compare"] = {"revision": args.compare, **compared}
             if warm:
