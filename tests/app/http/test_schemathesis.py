@@ -55,6 +55,10 @@ def api(live_server: Callable[..., str], stack: dict[str, Any], tmp_path: Path) 
         keyless_port=free_port(),
         sandbox_backends=["fake"],
         fake={"sandbox_aliases": {"crun": "fake"}},
+        # the fuzzer's sandboxes are fakes: a node sized by this machine's 2 CPUs would be
+        # full after two, and its 503 no_capacity (a true answer) would fail the run
+        sandbox_cpu=4096.0,
+        sandbox_memory_mb=1 << 24,
         **stack,
     )
 
