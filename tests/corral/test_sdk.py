@@ -6,6 +6,7 @@ anything else answers 127 on stderr (which tells what argv reached it)."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -90,6 +91,19 @@ def test_files(client: Corral) -> None:
         with pytest.raises(ValueError, match="permission bits"):
             sbx.files.write("/x", b"", mode=0o17777)
     assert sbx.state == "stopped"  # the block's end destroyed it
+
+
+def test_exec_gives_the_exact_bytes_of_output_that_is_not_text(client: Corral) -> None:
+    sbx = client.sandboxes.create("python", backend="fake")
+    noise = b"\xff\xfe\x00" + os.urandom(4096)
+    sbx.files.write("/home/user/noise", noise)
+    whole = sbx.exec(["cat", "noise"])
+    assert whole.stdout_bytes == noise and whole.stdout == noise.decode(errors="replace")
+    seen: list[str] = []
+    streamed = sbx.exec(["cat", "noise"], on_stdout=seen.append)
+    assert streamed.stdout_bytes == noise and "".join(seen) == streamed.stdout
+    text = sbx.exec(["echo", "café"])
+    assert text.stdout == "café\n" and text.stdout_bytes == "café\n".encode()
 
 
 def test_a_listing_in_pages_is_gathered_by_the_sdk(

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import base64
+import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -11,6 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
+import corral
+from runtimes.sandboxes.crun.process import READ_CHUNK
 from tests.conftest import ADMIN
 from tests.requirements import missing
 from tests.runtimes.sandboxes.conftest import leftovers
@@ -73,6 +78,58 @@ def test_a_python_sandbox_through_a_real_server(
         assert record["timings"]["start_ms"] > 0
         assert api.delete(one).json()["state"] == "stopped"
     assert leftovers(tmp_path / "data", sbx["id"]) == []
+
+
+def test_exec_output_through_a_real_server_is_exact(
+    live_server: Callable[..., str], tmp_path: Path
+) -> None:
+    """A character cut by the node's 64 KiB reads, and bytes that are not text, through
+    the whole answer, a stream and the SDK."""
+    url = live_server(sandbox_backends=["crun"], images_dir=python_images_dir())
+    made = httpx.post(f"{url}/v1/tenants", json={"name": "crun-bytes"}, headers=ADMIN).json()
+    key = made["key"]["api_key"]
+    with corral.Corral(url, key) as sdk:
+        sbx = _created(lambda: sdk.sandboxes.create("python", memory_mb=256))
+        try:
+            _exact_output(url, key, sbx)
+        finally:
+            sbx.kill()
+
+
+def _exact_output(url: str, key: str, sbx: corral.Sandbox) -> None:
+    split = b"a" * (READ_CHUNK - 1) + "€".encode() * 100_000
+    noise = os.urandom(300_000)
+    for name, data in (("split", split), ("noise", noise)):
+        sbx.files.write(f"/home/user/{name}", data)
+    with httpx.Client(base_url=url, timeout=60) as api:
+        api.headers["authorization"] = f"Bearer {key}"
+        one = f"/v1/sandboxes/{sbx.id}/exec"
+        text = api.post(one, json={"cmd": ["cat", "split"]}).json()
+        assert text["stdout"] == split.decode() and text["stdout_b64"] is None
+        binary = api.post(one, json={"cmd": ["cat", "noise"]}).json()
+        assert base64.b64decode(binary["stdout_b64"]) == noise
+        streamed = api.post(one, json={"cmd": ["cat", "split", "noise"], "stream": True})
+        events = [json.loads(line) for line in streamed.iter_lines()]
+        output = [e for e in events if e["kind"] == "output"]
+        assert "".join(e["data"] for e in output).startswith(split.decode())
+        joined = b"".join(
+            base64.b64decode(e["data_b64"]) if e["data_b64"] else e["data"].encode() for e in output
+        )
+        assert joined == split + noise
+    assert sbx.exec(["cat", "split"]).stdout == split.decode()
+    assert sbx.exec(["cat", "noise"], on_stdout=lambda _: None).stdout_bytes == noise
+
+
+def _created(make: Callable[[], corral.Sandbox]) -> corral.Sandbox:
+    """A sandbox, once the embedded node's first report has come."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            return make()
+        except corral.NodeUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def test_a_network_allow_list_through_a_real_server(
