@@ -304,6 +304,8 @@ class Sandbox(Base):
     node that holds it, to which every operation is routed. ``spec`` is the request less
     the env values (which can be secrets; only their names are kept). ``metered_until``
     and ``metered_cpu_ms`` say how far its usage events go (``app.sandboxes.metering``).
+    ``version`` grows by one at each transition: every writer moves the row only from the
+    version it read (``app.db.sandboxes``).
     """
 
     __tablename__ = "sandboxes"
@@ -335,6 +337,7 @@ class Sandbox(Base):
     memory_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
     metered_until: Mapped[datetime | None] = mapped_column(default=None)
     metered_cpu_ms: Mapped[float | None] = mapped_column(Float, default=None)
+    version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class Snapshot(Base):

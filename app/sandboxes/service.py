@@ -36,6 +36,7 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.auth.principal import Principal
+from app.db import sandboxes as sandbox_rows
 from app.db.models import Sandbox, Snapshot, Tenant
 from app.db.transactions import RowReader
 from app.errors import (
@@ -43,6 +44,7 @@ from app.errors import (
     LifetimeTooLong,
     NodeUnavailable,
     NotFound,
+    SandboxNotRunning,
 )
 from app.images.catalog import ControlImages
 from app.placement import sandboxes as placement
@@ -76,6 +78,23 @@ LOST_AFTER = timedelta(minutes=2)
 
 def _at(epoch: float) -> datetime:
     return datetime.fromtimestamp(epoch, UTC)
+
+
+def _fields(row: Sandbox, status: SandboxStatus) -> dict[str, Any]:
+    """What a node's status of the sandbox changes in its row."""
+    fields: dict[str, Any] = {
+        "state": status.state.value,
+        "expires_at": _at(status.expires_at),
+        "image_digest": status.image_digest,
+    }
+    if status.cpu_ms is not None:
+        fields["cpu_ms"] = status.cpu_ms
+    if status.memory_bytes is not None:
+        fields["memory_bytes"] = status.memory_bytes
+    if status.state is SandboxState.STOPPED:
+        fields["ended_at"] = row.ended_at or datetime.now(UTC)
+        fields["reason"] = status.reason
+    return fields
 
 
 class Sandboxes:
@@ -140,15 +159,27 @@ class Sandboxes:
             query = listing.query(tenant_id, filters, dialect=dialect, limit=limit, after=after)
             return list((await session.scalars(query)).all())
 
-    async def _update(self, sandbox_id: str, **fields: Any) -> Sandbox:
-        async with self._sessions() as session, session.begin():
-            row = await session.get(Sandbox, sandbox_id)
-            if row is None:
-                raise NotFound(f"no sandbox {sandbox_id}")
-            for name, value in fields.items():
-                setattr(row, name, value)
+    async def _move(self, row: Sandbox, **values: Any) -> Sandbox | None:
+        """Store ``values`` over ``row`` as it was read (compare-and-set:
+        ``app.db.sandboxes``): the row as now stored, or None if another writer moved it
+        first (nothing is written then). A row moved to stopped has its last usage
+        recorded."""
+        async with self._sessions.begin() as session:
+            moved = await sandbox_rows.transition(session, row, **values)
+        if not moved:
+            return None
+        for name, value in values.items():
+            setattr(row, name, value)
+        row.version += 1
         if row.state == SandboxState.STOPPED.value:
             await self._meter_final(row)
+        return row
+
+    async def _current(self, sandbox_id: str) -> Sandbox:
+        """The row as stored now (after a writer found it moved)."""
+        row = await self._rows.get(Sandbox, sandbox_id)
+        if row is None:
+            raise NotFound(f"no sandbox {sandbox_id}")
         return row
 
     async def _meter_final(self, row: Sandbox) -> None:
@@ -168,20 +199,11 @@ class Sandboxes:
         )
 
     async def _apply(self, row: Sandbox, status: SandboxStatus) -> Sandbox:
-        """Store what a node says of the sandbox."""
-        fields: dict[str, Any] = {
-            "state": status.state.value,
-            "expires_at": _at(status.expires_at),
-            "image_digest": status.image_digest,
-        }
-        if status.cpu_ms is not None:
-            fields["cpu_ms"] = status.cpu_ms
-        if status.memory_bytes is not None:
-            fields["memory_bytes"] = status.memory_bytes
-        if status.state is SandboxState.STOPPED:
-            fields["ended_at"] = row.ended_at or datetime.now(UTC)
-            fields["reason"] = status.reason
-        return await self._update(row.id, **fields)
+        """Store what a node says of the sandbox over the row as read; if another writer
+        moved the row meanwhile, the row as it now is (the next ``sync`` brings it to
+        the node's word if they still differ)."""
+        stored = await self._move(row, **_fields(row, status))
+        return stored if stored is not None else await self._current(row.id)
 
     # --- create -----------------------------------------------------------------------
     async def create(self, principal: Principal, body: CreateSandbox) -> Sandbox:
@@ -208,6 +230,7 @@ class Sandboxes:
             | {"env_keys": sorted(body.env)},
             meta=dict(body.metadata),
             created_at=received,
+            version=0,
         )
         if body.snapshot_id is None:  # (the snapshot's node is judged when it is sent)
             reports = await self._catalogue.nodes()
@@ -236,20 +259,16 @@ class Sandboxes:
                 snapshot_id=body.snapshot_id,
             )
             placed = datetime.now(UTC)
-            await self._update(row.id, node_id=node.node_id)
+            placed_row = await self._move(row, node_id=node.node_id)
+            if placed_row is None:
+                raise SandboxNotRunning(f"sandbox {row.id} was ended while it was created")
             status = await node.create(spec)
         except BaseException as exc:
             reason = exc.message if isinstance(exc, CorralError) else type(exc).__name__
-            await self._update(
-                row.id,
-                state=SandboxState.STOPPED.value,
-                reason=f"failed: {reason}",
-                ended_at=datetime.now(UTC),
-            )
+            await asyncio.shield(self._fail(row, f"failed: {reason}"))
             raise
-        log.info("sandbox=%s tenant=%s: running on %s", row.id, tenant_id, node.node_id)
-        return await self._update(
-            row.id,
+        made = await self._move(
+            row,
             state=status.state.value,
             image_digest=status.image_digest,
             started_at=datetime.now(UTC),
@@ -259,6 +278,31 @@ class Sandboxes:
             setup_ms=status.phases.setup_ms,
             start_ms=status.phases.start_ms,
         )
+        if made is None:  # ended meanwhile (sync found it lost): its container must go too
+            await asyncio.shield(self._destroy_on(node, row.id))
+            raise SandboxNotRunning(f"sandbox {row.id} was ended while it was created")
+        log.info("sandbox=%s tenant=%s: running on %s", row.id, tenant_id, node.node_id)
+        return made
+
+    async def _fail(self, row: Sandbox, reason: str) -> None:
+        """Record a create that failed as stopped (unless another writer ended it)."""
+        try:
+            current = await self._current(row.id)
+            await self._move(
+                current,
+                state=SandboxState.STOPPED.value,
+                reason=reason,
+                ended_at=datetime.now(UTC),
+            )
+        except Exception as exc:
+            log.warning("sandbox=%s: its failed create is not recorded yet (%r)", row.id, exc)
+
+    async def _destroy_on(self, node: NodeClient, sandbox_id: str) -> None:
+        """Destroy a sandbox a node holds without a live record (else ``sync`` will)."""
+        try:
+            await node.destroy(sandbox_id)
+        except CorralError as exc:
+            log.warning("sandbox=%s: not destroyed on %s yet (%s)", sandbox_id, node.node_id, exc)
 
     async def _admit(self, row: Sandbox, quota: QuotaLimits, ask: Ask) -> None:
         """Write the row of a new sandbox unless, counted with the tenant's live ones, it
@@ -323,8 +367,6 @@ class Sandboxes:
     async def node_of(self, row: Placed) -> NodeClient:
         """The client of the node holding a live sandbox."""
         if row.state == SandboxState.STOPPED.value:
-            from app.errors import SandboxNotRunning
-
             raise SandboxNotRunning(f"sandbox {row.id} has stopped ({row.reason})")
         for report in await self._catalogue.nodes():
             if report.node_id == row.node_id and report.address is not None:
@@ -339,11 +381,14 @@ class Sandboxes:
         try:
             node = await self.node_of(row)
             status = await node.destroy(sandbox_id)
+            values = _fields(row, status)
         except NotFound:
-            return await self._update(
-                row.id, state="stopped", reason="lost", ended_at=datetime.now(UTC)
-            )
-        return await self._apply(row, status)
+            values = {"state": "stopped", "reason": "lost", "ended_at": datetime.now(UTC)}
+        while (stored := await self._move(row, **values)) is None:
+            row = await self._current(sandbox_id)  # another writer moved it: from there
+            if row.state == SandboxState.STOPPED.value:
+                return row
+        return stored
 
     async def action(
         self, principal: Principal, sandbox_id: str, action: str, body: Any = None
@@ -370,15 +415,19 @@ class Sandboxes:
         return await self._apply(row, status)
 
     async def refresh(self, tenant_id: str, sandbox_id: str) -> Sandbox:
-        """The record, with the node's live readings (memory, CPU) when it is live."""
+        """The record, shown with what its node says now (state, expiry, memory, CPU)
+        when it is live. Nothing is written: the leader's ``sync`` stores what lasts."""
         row = await self.get(tenant_id, sandbox_id)
         if row.state == SandboxState.STOPPED.value:
             return row
         try:
             node = await self.node_of(row)
-            return await self._apply(row, await node.status(sandbox_id))
+            status = await node.status(sandbox_id)
         except (NodeUnavailable, NotFound):
             return row
+        for name, value in _fields(row, status).items():
+            setattr(row, name, value)  # a detached copy: shown, never stored
+        return row
 
     async def exec(
         self, principal: Principal, sandbox_id: str, request: ExecRequest
@@ -565,7 +614,7 @@ class Sandboxes:
         for row in rows:
             by_node.setdefault(row.node_id, []).append(row)
         now = datetime.now(UTC)
-        readings_of: list[dict[str, Any]] = []
+        readings_of: list[sandbox_rows.Reading] = []
         for node_id, report in reports.items():
             if not report.sandbox_backends:
                 continue
@@ -580,19 +629,17 @@ class Sandboxes:
                 status = held.get(row.id)
                 if status is not None:
                     if status.state.value != row.state:
-                        await self._apply(row, status)
+                        await self._move(row, **_fields(row, status))  # lost a race: next pass
                     elif status.cpu_ms is not None and status.cpu_ms != row.cpu_ms:
                         readings_of.append(
-                            {
-                                "id": row.id,
-                                "cpu_ms": status.cpu_ms,
-                                "memory_bytes": status.memory_bytes,
-                            }
+                            sandbox_rows.Reading(
+                                row.id, row.state, status.cpu_ms, status.memory_bytes
+                            )
                         )
                 elif (
                     row.state != SandboxState.CREATING.value or now - row.created_at > CREATE_GRACE
                 ):
-                    await self._update(row.id, state="stopped", reason="lost", ended_at=now)
+                    await self._move(row, state="stopped", reason="lost", ended_at=now)
             for sandbox_id, status in held.items():
                 if sandbox_id not in live_ids and status.state is not SandboxState.STOPPED:
                     known = await self._is_recorded_live(sandbox_id)
@@ -616,17 +663,16 @@ class Sandboxes:
             for row in node_rows:
                 if now - row.created_at > CREATE_GRACE or row.state != "creating":
                     log.warning("sandbox=%s: its node %s is gone; lost", row.id, holder)
-                    await self._update(row.id, state="stopped", reason="lost", ended_at=now)
+                    await self._move(row, state="stopped", reason="lost", ended_at=now)
         await self._store_readings(readings_of)
         await self.meter()
 
-    async def _store_readings(self, values: list[dict[str, Any]]) -> None:
+    async def _store_readings(self, readings: list[sandbox_rows.Reading]) -> None:
         """The nodes' latest CPU and memory readings of live sandboxes, into their records
         in one transaction (the daily CPU quota reads them: ``app.quotas.readings``)."""
-        if not values:
-            return
-        async with self._sessions() as session, session.begin():
-            await session.execute(update(Sandbox), values)
+        if readings:
+            async with self._sessions.begin() as session:
+                await sandbox_rows.store_readings(session, readings)
 
     async def _is_recorded_live(self, sandbox_id: str) -> bool:
         async with self._sessions() as session:

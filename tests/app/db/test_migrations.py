@@ -90,7 +90,7 @@ async def test_upgrade_downgrade_upgrade(engine: AsyncEngine) -> None:
 
     await upgrade(engine, "head")
     assert await _tables(engine) == MODEL_TABLES | {"alembic_version"}
-    assert await _revision(engine) == "0011"
+    assert await _revision(engine) == "0012"
 
     await downgrade(engine, "base")
     assert await _tables(engine) == {"alembic_version"}
@@ -98,7 +98,7 @@ async def test_upgrade_downgrade_upgrade(engine: AsyncEngine) -> None:
 
     await upgrade(engine, "head")
     assert await _tables(engine) == MODEL_TABLES | {"alembic_version"}
-    assert await _revision(engine) == "0011"
+    assert await _revision(engine) == "0012"
 
 
 async def test_upgrade_is_idempotent(engine: AsyncEngine) -> None:

@@ -143,7 +143,10 @@ def test_sandbox_usage_is_rolled_up_and_counts_toward_the_daily_cpu(
     client, headers = sandbox_client, tenant["headers"]
     sbx = create(client, headers)
     cpu_ms = client.get(f"/v1/sandboxes/{sbx['id']}", headers=headers).json()["cpu_ms"]
-    assert cpu_ms  # the fake backend reads some CPU time
+    assert cpu_ms  # the fake backend reads some CPU time (the GET shows it, stores nothing)
+    assert _row(client, sbx["id"]).cpu_ms is None
+    run(client, services_of(client).sandboxes.sync)  # stores the node's reading
+    assert _row(client, sbx["id"]).cpu_ms == cpu_ms
     started = _row(client, sbx["id"]).started_at
     assert started is not None
     assert _meter(client, started + timedelta(seconds=10)) == 1
