@@ -51,7 +51,7 @@ class SandboxInfo:
     """The record of a sandbox (``GET /v1/sandboxes/{id}``)."""
 
     id: str
-    state: str  #: creating, running, paused or stopped
+    state: str  #: creating, running, paused, stopping (destroyed, being torn down), stopped
     backend: str
     image: str
     image_digest: str | None

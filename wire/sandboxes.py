@@ -112,6 +112,8 @@ class SandboxState(StrEnum):
     CREATING = "creating"
     RUNNING = "running"
     PAUSED = "paused"
+    #: the gateway's record only: its destroy is acknowledged, its teardown on the way
+    STOPPING = "stopping"
     STOPPED = "stopped"  #: ended: destroyed, expired, idle, lost or failed
 
 

@@ -340,6 +340,25 @@ class Sandbox(Base):
     version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
+class SandboxTotals(Base):
+    """What a tenant's live sandboxes hold together: how many, and their memory, CPU
+    (thousandths of a core) and disk. A create adds its sandbox here and a sandbox that
+    stops being live takes itself off, each in the transaction that writes its row, so
+    the totals always equal the sum over the tenant's live rows; a create is admitted by
+    a conditional update of this one row (``app.db.sandboxes.admit``), which two
+    gateways cannot both pass past the quota."""
+
+    __tablename__ = "sandbox_totals"
+
+    tenant_id: Mapped[str] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    live: Mapped[int] = mapped_column(Integer, default=0)
+    memory_mb: Mapped[int] = mapped_column(BigInteger, default=0)
+    cpu_milli: Mapped[int] = mapped_column(BigInteger, default=0)
+    disk_mb: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
 class Snapshot(Base):
     """A copy of a sandbox's files, kept on the node that made it (where sandboxes made
     from it are placed)."""

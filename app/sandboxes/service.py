@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -40,6 +40,7 @@ from app.db import sandboxes as sandbox_rows
 from app.db.models import Sandbox, Snapshot, Tenant
 from app.db.transactions import RowReader
 from app.errors import (
+    ConcurrencyLimited,
     CorralError,
     LifetimeTooLong,
     NodeUnavailable,
@@ -53,13 +54,15 @@ from app.quotas import readings
 from app.quotas.spec import QuotaLimits
 from app.sandboxes import lifetime, listing, metering
 from app.sandboxes.admission import (
+    SANDBOX_RETRY_AFTER_S,
     Ask,
+    Held,
     SandboxAdmission,
     size_refusal,
     snapshot_refusal,
     totals_refusal,
 )
-from app.sandboxes.listing import LIVE
+from app.sandboxes.listing import GONE, LIVE
 from app.sandboxes.nodes import NodeClient
 from app.sandboxes.place import PLACE, Placed, SandboxPlace
 from app.schemas.sandboxes import DEFAULT_TTL_S, CreateSandbox
@@ -74,6 +77,14 @@ CREATE_GRACE = timedelta(minutes=10)
 #: a node missing from the catalogue this long has lost its sandboxes (a node only
 #: briefly thought dead keeps them: its sandboxes are records' truth, not its heartbeat)
 LOST_AFTER = timedelta(minutes=2)
+#: a sandbox a node made this long ago with no row lost the gateway that made it (the row
+#: is written right after the node answers; this covers clocks that differ)
+ORPHAN_GRACE = timedelta(minutes=2)
+#: a destroyed sandbox still held by its node this long after its destroy was
+#: acknowledged is torn down by ``sync`` (the gateway that acknowledged it died)
+STOP_GRACE = timedelta(seconds=30)
+#: how long closing waits for teardowns still running
+DRAIN_S = 10.0
 
 
 def _at(epoch: float) -> datetime:
@@ -97,6 +108,16 @@ def _fields(row: Sandbox, status: SandboxStatus) -> dict[str, Any]:
     return fields
 
 
+def _stopped(row: Sandbox) -> dict[str, Any]:
+    """A destroyed (``stopping``) row's last move: stopped, its end and reason as its
+    destroy's acknowledgment recorded them."""
+    return {
+        "state": SandboxState.STOPPED.value,
+        "reason": row.reason or "destroyed",
+        "ended_at": row.ended_at or datetime.now(UTC),
+    }
+
+
 class Sandboxes:
     def __init__(
         self,
@@ -118,8 +139,14 @@ class Sandboxes:
         self._token = node_token
         self._clients: dict[tuple[str, str], NodeClient] = {}
         self._absent_since: dict[str, datetime] = {}
+        #: creates of each tenant this gateway has asked a node for and not yet recorded
+        self._in_flight: dict[str, list[Ask]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def close(self) -> None:
+        await self.drain()
+        for task in list(self._tasks):
+            task.cancel()
         for client in self._clients.values():
             await client.close()
         self._clients.clear()
@@ -217,6 +244,7 @@ class Sandboxes:
         lifetime_s = float(principal.quota.max_sandbox_lifetime_seconds)
         asked = body.ttl_s if "ttl_s" in body.model_fields_set else None
         body = body.model_copy(update={"ttl_s": lifetime.create_ttl(asked, lifetime_s)})
+        snapshot = None
         if body.snapshot_id is not None:
             snapshot = await self.get_snapshot(tenant_id, body.snapshot_id)
             body = body.model_copy(update={"backend": snapshot.backend, "image": snapshot.image})
@@ -232,96 +260,111 @@ class Sandboxes:
             created_at=received,
             version=0,
         )
-        if body.snapshot_id is None:  # (the snapshot's node is judged when it is sent)
+        held = await self._held(tenant_id)  # the create's one read
+        in_flight = self._in_flight.setdefault(tenant_id, [])
+        refusal = totals_refusal(principal.quota, held.plus(in_flight), ask)
+        if refusal is not None:
+            raise refusal  # before any node is asked
+        in_flight.append(ask)  # (no await since the check: this gateway's burst is judged)
+        try:
+            return await self._make(principal, body, row, ask, received, lifetime_s, snapshot)
+        finally:
+            in_flight.remove(ask)
+            if not in_flight:
+                del self._in_flight[tenant_id]
+
+    async def _make(
+        self,
+        principal: Principal,
+        body: CreateSandbox,
+        row: Sandbox,
+        ask: Ask,
+        received: datetime,
+        lifetime_s: float,
+        snapshot: Snapshot | None,
+    ) -> Sandbox:
+        """Place the sandbox, have its node make it, then record it in one commit."""
+        tenant_id = principal.tenant_id
+        if snapshot is not None:
+            node = await self._node_by_id(snapshot.node_id, ask)
+            image = body.image  # unused: the node starts from the snapshot's digest
+        else:
             reports = await self._catalogue.nodes()
             placement.refuse_too_large(reports, body.backend, memory_mb=ask.memory_mb, cpu=ask.cpu)
-        await self._admit(row, principal.quota, ask)
-        try:
-            if body.snapshot_id is not None:
-                node = await self._node_by_id(snapshot.node_id, ask)
-                image = body.image  # unused: the node starts from the snapshot's digest
-            else:
-                node = await self._place(body.backend, ask)
-                image = await self._image_ref(body.image)
-            spec = SandboxSpec(
-                sandbox_id=row.id,
-                tenant_id=tenant_id,
-                backend=body.backend,
-                image=image,
-                cpu=body.cpu,
-                memory_mb=body.memory_mb,
-                disk_mb=body.disk_mb,
-                ttl_s=self._first_ttl(row, body.ttl_s, lifetime_s),
-                idle_timeout_s=body.idle_timeout_s,
-                env=body.env,
-                network=body.network,
-                user=body.user,
-                snapshot_id=body.snapshot_id,
-            )
-            placed = datetime.now(UTC)
-            placed_row = await self._move(row, node_id=node.node_id)
-            if placed_row is None:
-                raise SandboxNotRunning(f"sandbox {row.id} was ended while it was created")
-            status = await node.create(spec)
-        except BaseException as exc:
-            reason = exc.message if isinstance(exc, CorralError) else type(exc).__name__
-            await asyncio.shield(self._fail(row, f"failed: {reason}"))
-            raise
-        made = await self._move(
-            row,
-            state=status.state.value,
-            image_digest=status.image_digest,
-            started_at=datetime.now(UTC),
-            expires_at=_at(status.expires_at),
-            queue_ms=(placed - received).total_seconds() * 1000,
-            image_ms=status.phases.image_ms,
-            setup_ms=status.phases.setup_ms,
-            start_ms=status.phases.start_ms,
+            node = await self._place(body.backend, ask)
+            image = await self._image_ref(body.image)
+        spec = SandboxSpec(
+            sandbox_id=row.id,
+            tenant_id=tenant_id,
+            backend=body.backend,
+            image=image,
+            cpu=body.cpu,
+            memory_mb=body.memory_mb,
+            disk_mb=body.disk_mb,
+            ttl_s=self._first_ttl(row, body.ttl_s, lifetime_s),
+            idle_timeout_s=body.idle_timeout_s,
+            env=body.env,
+            network=body.network,
+            user=body.user,
+            snapshot_id=body.snapshot_id,
         )
-        if made is None:  # ended meanwhile (sync found it lost): its container must go too
-            await asyncio.shield(self._destroy_on(node, row.id))
-            raise SandboxNotRunning(f"sandbox {row.id} was ended while it was created")
-        log.info("sandbox=%s tenant=%s: running on %s", row.id, tenant_id, node.node_id)
-        return made
-
-    async def _fail(self, row: Sandbox, reason: str) -> None:
-        """Record a create that failed as stopped (unless another writer ended it)."""
+        placed = datetime.now(UTC)
         try:
-            current = await self._current(row.id)
-            await self._move(
-                current,
-                state=SandboxState.STOPPED.value,
-                reason=reason,
-                ended_at=datetime.now(UTC),
+            status = await node.create(spec)
+            row.node_id = node.node_id
+            row.state = status.state.value
+            row.image_digest = status.image_digest
+            row.started_at = datetime.now(UTC)
+            row.expires_at = _at(status.expires_at)
+            row.queue_ms = (placed - received).total_seconds() * 1000
+            row.image_ms = status.phases.image_ms
+            row.setup_ms = status.phases.setup_ms
+            row.start_ms = status.phases.start_ms
+            await self._record(row, principal.quota, ask)
+        except BaseException:
+            # whatever the node made goes (a refusal made nothing: the node answers 404)
+            self._spawn(self._destroy_on(node, row.id), f"discard-{row.id}")
+            raise
+        log.info("sandbox=%s tenant=%s: running on %s", row.id, tenant_id, node.node_id)
+        return row
+
+    async def _held(self, tenant_id: str) -> Held:
+        async with self._sessions() as session:
+            return await sandbox_rows.held(session, tenant_id)
+
+    async def _record(self, row: Sandbox, quota: QuotaLimits, ask: Ask) -> None:
+        """The create's one commit: the sandbox counted in the tenant's totals and its
+        row written, unless the totals (moved by another gateway since they were read)
+        no longer hold it."""
+        async with self._sessions.begin() as session:
+            admitted = await sandbox_rows.admit(session, row, quota)
+        if not admitted:
+            refusal = totals_refusal(quota, await self._held(row.tenant_id), ask)
+            raise refusal or ConcurrencyLimited(
+                "the tenant's live sandboxes reached its quota while this one was made",
+                retry_after=SANDBOX_RETRY_AFTER_S,
             )
-        except Exception as exc:
-            log.warning("sandbox=%s: its failed create is not recorded yet (%r)", row.id, exc)
+
+    def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        """Run ``work`` off the caller's path; ``drain`` waits for what is left."""
+        task = asyncio.create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def drain(self, timeout_s: float = DRAIN_S) -> None:
+        """Wait (bounded) for the teardowns and discards still running: at shutdown,
+        while the nodes are still there (what is left, ``sync`` finishes)."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout_s)
 
     async def _destroy_on(self, node: NodeClient, sandbox_id: str) -> None:
         """Destroy a sandbox a node holds without a live record (else ``sync`` will)."""
         try:
             await node.destroy(sandbox_id)
+        except NotFound:
+            pass  # never made, or gone already
         except CorralError as exc:
             log.warning("sandbox=%s: not destroyed on %s yet (%s)", sandbox_id, node.node_id, exc)
-
-    async def _admit(self, row: Sandbox, quota: QuotaLimits, ask: Ask) -> None:
-        """Write the row of a new sandbox unless, counted with the tenant's live ones, it
-        would pass the quota (then nothing is written). The tenant's creates take turns
-        between the write and the judgement: each judges every row written before it, so
-        none is let in past the quota and none is refused while there is room."""
-        tenant_live = (Sandbox.tenant_id == row.tenant_id) & Sandbox.state.in_(
-            [s.value for s in LIVE]
-        )
-        async with self._sessions() as session, session.begin():
-            await _take_turn(session, row.tenant_id)
-            session.add(row)
-            await session.flush()  # SQLite: the one writer's lock, held to the commit
-            specs = await session.scalars(
-                select(Sandbox.spec).where(tenant_live, Sandbox.id != row.id)
-            )
-            refusal = totals_refusal(quota, [Ask.of(spec or {}) for spec in specs], ask)
-            if refusal is not None:
-                raise refusal  # rolled back: the row was never there
 
     @staticmethod
     def _first_ttl(row: Sandbox, ttl_s: float, lifetime_s: float) -> float:
@@ -366,7 +409,7 @@ class Sandboxes:
 
     async def node_of(self, row: Placed) -> NodeClient:
         """The client of the node holding a live sandbox."""
-        if row.state == SandboxState.STOPPED.value:
+        if row.state in GONE:
             raise SandboxNotRunning(f"sandbox {row.id} has stopped ({row.reason})")
         for report in await self._catalogue.nodes():
             if report.node_id == row.node_id and report.address is not None:
@@ -375,20 +418,39 @@ class Sandboxes:
 
     # --- operations -------------------------------------------------------------------
     async def destroy(self, tenant_id: str, sandbox_id: str) -> Sandbox:
+        """Acknowledged at once: the row is marked ``stopping``, ended now (its usage is
+        metered up to here) and its room in the tenant's quota freed, in one commit, and
+        the answer goes; the node's teardown runs off the caller's path (``_teardown``).
+        A gateway that dies before the teardown leaves it to ``sync``."""
         row = await self.get(tenant_id, sandbox_id)
-        if row.state == SandboxState.STOPPED.value:
-            return row
-        try:
-            node = await self.node_of(row)
-            status = await node.destroy(sandbox_id)
-            values = _fields(row, status)
-        except NotFound:
-            values = {"state": "stopped", "reason": "lost", "ended_at": datetime.now(UTC)}
-        while (stored := await self._move(row, **values)) is None:
+        while row.state not in GONE:
+            marked = await self._move(
+                row,
+                state=SandboxState.STOPPING.value,
+                reason="destroyed",
+                ended_at=datetime.now(UTC),
+            )
+            if marked is not None:
+                self._spawn(self._teardown(marked), f"teardown-{sandbox_id}")
+                return marked
             row = await self._current(sandbox_id)  # another writer moved it: from there
-            if row.state == SandboxState.STOPPED.value:
-                return row
-        return stored
+        return row
+
+    async def _teardown(self, row: Sandbox) -> None:
+        """Destroy a ``stopping`` sandbox on its node, then record it stopped (its end,
+        reason and usage as acknowledged). A node out of reach leaves the row
+        ``stopping`` for ``sync``."""
+        values: dict[str, Any] = {}
+        try:
+            if row.node_id is not None:
+                node = await self._node_by_id(row.node_id)
+                values = _fields(row, await node.destroy(row.id))
+        except NotFound:
+            pass  # the node no longer had it
+        except CorralError as exc:
+            log.warning("sandbox=%s: teardown left to sync (%s)", row.id, exc.message)
+            return
+        await self._move(row, **values | _stopped(row))  # lost to sync's: it recorded it
 
     async def action(
         self, principal: Principal, sandbox_id: str, action: str, body: Any = None
@@ -418,7 +480,7 @@ class Sandboxes:
         """The record, shown with what its node says now (state, expiry, memory, CPU)
         when it is live. Nothing is written: the leader's ``sync`` stores what lasts."""
         row = await self.get(tenant_id, sandbox_id)
-        if row.state == SandboxState.STOPPED.value:
+        if row.state in GONE:
             return row
         try:
             node = await self.node_of(row)
@@ -585,31 +647,20 @@ class Sandboxes:
         if too_large is not None:
             raise too_large
         await self.admission.cpu(principal)
-        async with self._sessions() as session:
-            specs = await session.scalars(
-                select(Sandbox.spec).where(
-                    Sandbox.tenant_id == principal.tenant_id,
-                    Sandbox.state.in_([s.value for s in LIVE]),
-                )
-            )
-            live = [Ask.of(spec or {}) for spec in specs]
-        refusal = totals_refusal(principal.quota, live, ask)
+        refusal = totals_refusal(principal.quota, await self._held(principal.tenant_id), ask)
         if refusal is not None:
             raise refusal
 
     # --- reconciliation ---------------------------------------------------------------
     async def sync(self) -> None:
-        """Make the records of live sandboxes and the nodes' inventories agree, then meter
-        their usage."""
+        """Make the records of live and stopping sandboxes and the nodes' inventories
+        agree, then meter their usage. Every change is a compare-and-set from the row as
+        read here: a row another writer moved meanwhile is left to the next pass."""
         reports = {n.node_id: n for n in await self._catalogue.nodes() if n.address}
+        watched = [*(s.value for s in LIVE), SandboxState.STOPPING.value]
         async with self._sessions() as session:
-            rows = list(
-                (
-                    await session.scalars(
-                        select(Sandbox).where(Sandbox.state.in_([s.value for s in LIVE]))
-                    )
-                ).all()
-            )
+            query = select(Sandbox).where(Sandbox.state.in_(watched))
+            rows = list((await session.scalars(query)).all())
         by_node: dict[str | None, list[Sandbox]] = {}
         for row in rows:
             by_node.setdefault(row.node_id, []).append(row)
@@ -618,16 +669,19 @@ class Sandboxes:
         for node_id, report in reports.items():
             if not report.sandbox_backends:
                 continue
+            client = self._client(report)
             try:
-                inventory = await self._client(report).inventory()
+                inventory = await client.inventory()
             except CorralError as exc:
                 log.warning("node %s: no sandbox inventory (%s)", node_id, exc.message)
                 continue
             held = {s.sandbox_id: s for s in inventory.sandboxes}
-            live_ids = {row.id for row in by_node.get(node_id, [])}
+            recorded = {row.id for row in by_node.get(node_id, [])}
             for row in by_node.get(node_id, []):
                 status = held.get(row.id)
-                if status is not None:
+                if row.state == SandboxState.STOPPING.value:
+                    await self._finish_stopping(row, status, now)
+                elif status is not None:
                     if status.state.value != row.state:
                         await self._move(row, **_fields(row, status))  # lost a race: next pass
                     elif status.cpu_ms is not None and status.cpu_ms != row.cpu_ms:
@@ -641,16 +695,11 @@ class Sandboxes:
                 ):
                     await self._move(row, state="stopped", reason="lost", ended_at=now)
             for sandbox_id, status in held.items():
-                if sandbox_id not in live_ids and status.state is not SandboxState.STOPPED:
-                    known = await self._is_recorded_live(sandbox_id)
-                    if not known:
-                        log.warning(
-                            "sandbox=%s on %s has no live record: destroying", sandbox_id, node_id
-                        )
-                        try:
-                            await self._client(report).destroy(sandbox_id)
-                        except CorralError as exc:
-                            log.warning("sandbox=%s: %s", sandbox_id, exc.message)
+                if sandbox_id not in recorded and await self._orphan(status, now):
+                    log.warning(
+                        "sandbox=%s on %s has no live record: destroying", sandbox_id, node_id
+                    )
+                    await self._destroy_on(client, sandbox_id)
         for node_id in list(self._absent_since):
             if node_id in reports:
                 del self._absent_since[node_id]
@@ -662,10 +711,40 @@ class Sandboxes:
                 continue
             for row in node_rows:
                 if now - row.created_at > CREATE_GRACE or row.state != "creating":
+                    if row.state == SandboxState.STOPPING.value:
+                        await self._move(row, **_stopped(row))
+                        continue
                     log.warning("sandbox=%s: its node %s is gone; lost", row.id, holder)
                     await self._move(row, state="stopped", reason="lost", ended_at=now)
         await self._store_readings(readings_of)
         await self.meter()
+
+    async def _finish_stopping(
+        self, row: Sandbox, status: SandboxStatus | None, now: datetime
+    ) -> None:
+        """A destroyed sandbox whose teardown has not been recorded: stopped, if its node
+        no longer holds it; else torn down here once its destroy is ``STOP_GRACE`` old
+        (the gateway that acknowledged it died, or could not reach the node)."""
+        if status is not None and status.state is not SandboxState.STOPPED:
+            if now - (row.ended_at or now) < STOP_GRACE:
+                return  # its own teardown is likely on the way
+            log.warning("sandbox=%s: its teardown did not end; tearing it down", row.id)
+            await self._teardown(row)
+            return
+        await self._move(row, **_stopped(row))
+
+    async def _orphan(self, status: SandboxStatus, now: datetime) -> bool:
+        """Whether a sandbox a node holds, that this pass read no live record of, is to be
+        destroyed: it has ended on no record (stopped, or no row) and it is not a create
+        whose row is still to come (one commit right after the node answered; a sandbox
+        the node made ``ORPHAN_GRACE`` ago that still has no row lost its gateway)."""
+        if status.state in (SandboxState.STOPPED, SandboxState.CREATING):
+            return False
+        async with self._sessions() as session:
+            row = await session.get(Sandbox, status.sandbox_id)
+        if row is not None:
+            return row.state == SandboxState.STOPPED.value
+        return now - _at(status.created_at) > ORPHAN_GRACE
 
     async def _store_readings(self, readings: list[sandbox_rows.Reading]) -> None:
         """The nodes' latest CPU and memory readings of live sandboxes, into their records
@@ -673,11 +752,6 @@ class Sandboxes:
         if readings:
             async with self._sessions.begin() as session:
                 await sandbox_rows.store_readings(session, readings)
-
-    async def _is_recorded_live(self, sandbox_id: str) -> bool:
-        async with self._sessions() as session:
-            row = await session.get(Sandbox, sandbox_id)
-        return row is not None and row.state in {s.value for s in LIVE}
 
 
 async def _take_turn(session: AsyncSession, tenant_id: str) -> None:

@@ -103,7 +103,7 @@ class SandboxQuery(_Body):
     """Filters of ``GET /v1/sandboxes``, every one must match; and ``metadata.KEY=VALUE``
     parameters (any number, each key once): the sandbox's metadata has KEY set to VALUE."""
 
-    state: Literal["creating", "running", "paused", "stopped", "live"] | None = Field(
+    state: Literal["creating", "running", "paused", "stopping", "stopped", "live"] | None = Field(
         "live", description="live: creating, running or paused"
     )
     backend: str | None = Field(None, pattern=_BACKEND)

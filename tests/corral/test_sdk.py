@@ -15,7 +15,7 @@ import pytest
 import corral
 from corral import AsyncCorral, Corral
 from tests.conftest import free_port
-from tests.corral.server import SandboxServer, start
+from tests.corral.server import SandboxServer, start, until_stopped
 
 
 @pytest.fixture
@@ -61,9 +61,10 @@ def test_a_sandbox_from_creation_to_kill(client: Corral) -> None:
     again = client.sandboxes.get(sbx.id)
     assert again.id == sbx.id and again.info.memory_bytes == 1 << 20
 
-    sbx.kill()
-    assert sbx.state == "stopped" and sbx.info.reason == "destroyed"
-    assert sbx.refresh().state == "stopped"
+    sbx.kill()  # acknowledged at once, torn down right after
+    assert sbx.state == "stopping" and sbx.info.reason == "destroyed"
+    assert sbx.info.ended_at is not None
+    assert until_stopped(sbx) == "stopped"
     sbx.kill()  # a stopped sandbox: nothing to do
     assert client.sandboxes.list() == []
     assert [s.id for s in client.sandboxes.list("stopped")] == [sbx.id]
@@ -90,7 +91,7 @@ def test_files(client: Corral) -> None:
         assert [e.name for e in sbx.files.list("/home/user")] == []
         with pytest.raises(ValueError, match="permission bits"):
             sbx.files.write("/x", b"", mode=0o17777)
-    assert sbx.state == "stopped"  # the block's end destroyed it
+    assert sbx.state == "stopping"  # the block's end destroyed it
 
 
 def test_exec_gives_the_exact_bytes_of_output_that_is_not_text(client: Corral) -> None:
@@ -235,6 +236,6 @@ async def test_the_async_client(server: SandboxServer) -> None:
             listed = await sdk.sandboxes.list()
             assert [s.id for s in listed] == [sbx.id]
             assert (await sdk.sandboxes.get(sbx.id)).state == "running"
-        assert sbx.state == "stopped"
+        assert sbx.state == "stopping"  # destroyed: acknowledged
         with pytest.raises(corral.NotFound):
             await sdk.sandboxes.get("sbx_nope")

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from starlette.testclient import TestClient
 
@@ -71,6 +72,17 @@ def create(client: TestClient, headers: dict[str, str], **body: Any) -> dict[str
     return response.json()
 
 
+def stopped_soon(client: httpx.Client, headers: dict[str, str], sandbox_id: str) -> dict[str, Any]:
+    """The sandbox once its teardown (after a destroy's answer) has been recorded."""
+    deadline = time.monotonic() + 10
+    while True:
+        shown = client.get(f"/v1/sandboxes/{sandbox_id}", headers=headers).json()
+        if shown["state"] == "stopped" or time.monotonic() > deadline:
+            assert shown["state"] == "stopped", shown
+            return dict(shown)
+        time.sleep(0.01)
+
+
 def test_create_use_and_destroy_through_the_api(
     sandbox_client: TestClient, tenant: dict[str, Any]
 ) -> None:
@@ -106,10 +118,11 @@ def test_create_use_and_destroy_through_the_api(
     assert refused.status_code == 409 and refused.json()["error"]["code"] == "sandbox_not_running"
     assert client.post(f"{one}/resume", headers=headers).json()["state"] == "running"
     gone = client.delete(one, headers=headers).json()
-    assert gone["state"] == "stopped" and gone["reason"] == "destroyed" and gone["ended_at"]
-    assert client.get(one, headers=headers).json()["state"] == "stopped"
+    assert gone["state"] == "stopping" and gone["reason"] == "destroyed"  # acknowledged
     after = client.post(f"{one}/exec", json={"cmd": ["echo"]}, headers=headers)
     assert after.status_code == 409
+    stopped = stopped_soon(client, headers, sbx["id"])
+    assert stopped["reason"] == "destroyed" and stopped["ended_at"]
 
 
 def test_exec_answers_text_and_the_exact_bytes_where_text_would_not_carry_them(

@@ -16,6 +16,7 @@ import pytest
 
 import corral
 from runtimes.sandboxes.crun.process import READ_CHUNK
+from tests.app.routes.test_sandboxes import stopped_soon
 from tests.conftest import ADMIN
 from tests.requirements import missing
 from tests.runtimes.sandboxes.conftest import leftovers
@@ -76,7 +77,8 @@ def test_a_python_sandbox_through_a_real_server(
         record = api.get(one).json()
         assert record["state"] == "running" and record["memory_bytes"] > 0
         assert record["timings"]["start_ms"] > 0
-        assert api.delete(one).json()["state"] == "stopped"
+        assert api.delete(one).json()["state"] == "stopping"  # acknowledged
+        stopped_soon(api, {}, sbx["id"])  # torn down
     assert leftovers(tmp_path / "data", sbx["id"]) == []
 
 
@@ -217,6 +219,8 @@ def test_hostile_programs_in_python_sandboxes_through_a_real_server(
         assert probed["stdout"].splitlines() == ["ConnectionRefusedError", "[]"], probed
         assert api.get("/v1/sandboxes").status_code == 200  # the server kept serving
         for one in (vandal, bystander):
-            assert api.delete(one).json()["state"] == "stopped"
+            gone = api.delete(one).json()
+            assert gone["state"] == "stopping"
+            stopped_soon(api, {}, gone["id"])
     for r in ids:
         assert leftovers(tmp_path / "data", r.json()["id"]) == []
