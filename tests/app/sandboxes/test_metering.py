@@ -134,7 +134,9 @@ def test_a_destroy_ends_the_charge_when_it_is_acknowledged_however_long_its_tear
     client, headers = sandbox_client, tenant["headers"]
     sbx = create(client, headers)
     sandboxes = services_of(client).sandboxes
-    monkeypatch.setattr(sandboxes, "_spawn", lambda work, name: work.close())  # not torn down
+    monkeypatch.setattr(
+        sandboxes.teardowns, "spawn", lambda work, name: work.close()
+    )  # not torn down
     gone = client.delete(f"/v1/sandboxes/{sbx['id']}", headers=headers).json()
     ended = datetime.fromisoformat(gone["ended_at"])
     assert _meter(client, ended + timedelta(hours=1)) == 1  # the leader's pass, much later

@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 
 from app.db import sandboxes as sandbox_rows
 from app.db.models import Sandbox
-from app.sandboxes import service
+from app.sandboxes import sync
 from app.sandboxes.admission import Ask, Held
 from app.sandboxes.nodes import NodeClient
 from app.schemas.sandboxes import CreateSandbox
@@ -96,10 +96,10 @@ def test_a_destroy_whose_teardown_died_with_its_gateway_is_finished_by_sync(
     client, headers = sandbox_client, tenant["headers"]
     sbx = create(client, headers)
     sandboxes = services_of(client).sandboxes
-    monkeypatch.setattr(sandboxes, "_spawn", lambda work, name: work.close())  # it died
+    monkeypatch.setattr(sandboxes.teardowns, "spawn", lambda work, name: work.close())  # it died
     gone = client.delete(f"/v1/sandboxes/{sbx['id']}", headers=headers).json()
     assert gone["state"] == "stopping" and sbx["id"] in _held_by_node(client)
-    monkeypatch.setattr(service, "STOP_GRACE", timedelta(0))
+    monkeypatch.setattr(sync, "STOP_GRACE", timedelta(0))
     run(client, sandboxes.sync)
     assert sbx["id"] not in _held_by_node(client)
     row = _row(client, sbx["id"])
@@ -120,8 +120,8 @@ def test_a_sandbox_a_node_made_for_a_create_that_was_never_recorded_is_destroyed
         async def fail(*_: Any) -> None:
             raise RuntimeError("the gateway died here")
 
-        monkeypatch.setattr(sandboxes, "_record", fail)
-        monkeypatch.setattr(sandboxes, "_spawn", lambda work, name: work.close())
+        monkeypatch.setattr(sandboxes.creates, "record", fail)
+        monkeypatch.setattr(sandboxes.teardowns, "spawn", lambda work, name: work.close())
         with pytest.raises(RuntimeError, match="the gateway died here"):
             await sandboxes.create(who, CreateSandbox(backend="fake"))
 
@@ -130,7 +130,7 @@ def test_a_sandbox_a_node_made_for_a_create_that_was_never_recorded_is_destroyed
     assert len(orphans) == 1
     run(client, sandboxes.sync)
     assert _held_by_node(client) - {kept["id"]} == orphans  # its row may still come
-    monkeypatch.setattr(service, "ORPHAN_GRACE", timedelta(0))
+    monkeypatch.setattr(sync, "ORPHAN_GRACE", timedelta(0))
     run(client, sandboxes.sync)
     assert _held_by_node(client) == {kept["id"]}
     assert _row(client, kept["id"]).state == "running"
@@ -170,14 +170,14 @@ def test_the_totals_take_each_sandbox_off_once_whichever_way_it_ends(
     client.delete(f"/v1/sandboxes/{made[0]}", headers=headers)  # torn down off the path
     run(client, sandboxes.drain)
     with monkeypatch.context() as dead:  # acknowledged by a gateway that died
-        dead.setattr(sandboxes, "_spawn", lambda work, name: work.close())
+        dead.setattr(sandboxes.teardowns, "spawn", lambda work, name: work.close())
         client.delete(f"/v1/sandboxes/{made[1]}", headers=headers)
     run(client, lambda: node.sandboxes.destroy(made[2], reason="expired"))  # type: ignore[union-attr]
     run(client, lambda: node.sandboxes.destroy(made[3]))  # type: ignore[union-attr]
     node.sandboxes._entries.pop(made[3], None)  # type: ignore[union-attr]  # forgotten: lost
     assert _totals_and_live_rows(client, tenant["id"])[0].count == 3  # the destroys freed theirs
 
-    monkeypatch.setattr(service, "STOP_GRACE", timedelta(0))
+    monkeypatch.setattr(sync, "STOP_GRACE", timedelta(0))
     for _ in range(3):  # passes repeated, and a destroy raced by them
         client.delete(f"/v1/sandboxes/{made[1]}", headers=headers)
         run(client, sandboxes.sync)
