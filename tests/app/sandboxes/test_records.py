@@ -14,6 +14,7 @@ from starlette.testclient import TestClient
 
 from app.db import sandboxes as sandbox_rows
 from app.db.models import Sandbox
+from app.errors import ConcurrencyLimited
 from app.sandboxes import sync
 from app.sandboxes.admission import Ask, Held
 from app.sandboxes.nodes import NodeClient
@@ -191,3 +192,28 @@ def test_the_totals_take_each_sandbox_off_once_whichever_way_it_ends(
     }
     totals, live = _totals_and_live_rows(client, tenant["id"])
     assert totals == live and (live.count, live.memory_mb) == (1, 64 * 5)
+
+
+def test_a_create_refused_after_its_node_made_the_sandbox_leaves_nothing(
+    sandbox_client: TestClient, tenant: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another gateway took the last room while the node made it: the commit refuses
+    it, and the sandbox the node made is destroyed; no row, nothing in the totals."""
+    client, headers = sandbox_client, tenant["headers"]
+    kept = create(client, headers)
+    sandboxes = services_of(client).sandboxes
+    who = principal(client, tenant)
+    before = _totals_and_live_rows(client, tenant["id"])[0]
+
+    async def refused() -> None:
+        async def taken(*_: Any) -> None:
+            raise ConcurrencyLimited("taken meanwhile", retry_after=1)
+
+        monkeypatch.setattr(sandboxes.creates, "record", taken)
+        with pytest.raises(ConcurrencyLimited):
+            await sandboxes.create(who, CreateSandbox(backend="fake"))
+        await sandboxes.drain()
+
+    run(client, refused)
+    assert _held_by_node(client) == {kept["id"]}
+    assert _totals_and_live_rows(client, tenant["id"])[0] == before
