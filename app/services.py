@@ -303,6 +303,8 @@ async def open_services(
                     fetch_artifact=services.read_artifact,
                 )
             )
+        # before the embedded node stops: teardowns of destroys acknowledged already
+        stack.push_async_callback(sandboxes.drain)
         yield services
 
 

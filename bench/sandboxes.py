@@ -20,8 +20,8 @@ ratio says what the platform adds. Prints one JSON document.
 
 With ``--compare REV`` it also starts this tree's server and the server of an earlier
 commit side by side and measures exec through the API and through the SDK, and cold
-create-to-first-exec, on both, in alternating halves (``exec_compare``,
-``create_compare``).
+create-to-first-exec and create-exec-destroy cycles per second at ``--concurrency``, on
+both, in alternating halves (``exec_compare``, ``create_compare``, ``cycles_compare``).
 """
 
 from __future__ import annotations
@@ -278,6 +278,28 @@ async def create_compare(
             for name in ("queue_ms", "image_ms", "setup_ms", "start_ms")
         }
     return out
+
+
+async def cycles_compare(
+    sides: dict[str, tuple[str, str]], n: int, concurrency: int
+) -> dict[str, Any]:
+    """Create-exec-destroy cycles per second at ``concurrency`` on two servers, in four
+    halves after-before-before-after (as ``exec_compare``), each half ``n // 2`` cycles."""
+    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
+    for side in ("after", "before", "before", "after"):
+        api = Api(*sides[side])
+        try:
+            runs[side].append(await creates_per_second(api, n // 2, concurrency))
+        finally:
+            await api.http.aclose()
+    return {
+        side: {
+            "cycles_per_s": round(statistics.mean(r["creates_per_s"] for r in halves), 1),
+            "p50_ms": round(statistics.mean(r["p50_ms"] for r in halves), 1),
+            "halves": [r["creates_per_s"] for r in halves],
+        }
+        for side, halves in runs.items()
+    }
 
 
 async def creates_per_second(api: Api, n: int, concurrency: int) -> dict[str, Any]:
@@ -547,6 +569,11 @@ def main() -> None:
             created = asyncio.run(create_compare(sides, args.creates, 0.3 if warm else 0.0))
             kind = "pool" if warm else "cold"
             result[f"create_to_first_exec_{kind}_compare"] = {"revision": args.compare, **created}
+            cycles = asyncio.run(cycles_compare(sides, args.creates * 2, args.concurrency))
+            result[f"cycles_at_concurrency_{args.concurrency}_{kind}_compare"] = {
+                "revision": args.compare,
+                **cycles,
+            }
         finally:
             for server in servers.values():
                 server.stop_and_release()

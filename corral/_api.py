@@ -15,7 +15,7 @@ from urllib.parse import quote
 import httpx
 
 from corral._errors import UnexpectedResponse
-from corral._models import ExecResult
+from corral._models import ExecResult, exact_bytes
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 DEFAULT_TIMEOUT = 60.0
@@ -136,6 +136,8 @@ class ExecStream:
     pid: int | None = None
     exit: dict[str, Any] | None = None
     chunks: dict[str, list[str]] = field(default_factory=lambda: {"stdout": [], "stderr": []})
+    #: the exact bytes of each output event (its ``data_b64``, else its text's UTF-8)
+    raw: dict[str, list[bytes]] = field(default_factory=lambda: {"stdout": [], "stderr": []})
 
     def feed(self, line: str) -> tuple[str, str] | None:
         if not line.strip():
@@ -149,6 +151,7 @@ class ExecStream:
             self.pid = event.get("pid")
         elif kind == "output" and event.get("stream") in self.chunks:
             self.chunks[event["stream"]].append(event["data"])
+            self.raw[event["stream"]].append(exact_bytes(event.get("data_b64"), event["data"]))
             return event["stream"], event["data"]
         elif kind == "exit":
             self.exit = event
@@ -157,4 +160,10 @@ class ExecStream:
     def result(self) -> ExecResult:
         stdout, stderr = "".join(self.chunks["stdout"]), "".join(self.chunks["stderr"])
         end = self.exit or {"exit_code": None, "error": "the command's end was not seen"}
-        return ExecResult.from_json({**end, "pid": self.pid}, stdout=stdout, stderr=stderr)
+        return ExecResult.from_json(
+            {**end, "pid": self.pid},
+            stdout=stdout,
+            stderr=stderr,
+            stdout_bytes=b"".join(self.raw["stdout"]),
+            stderr_bytes=b"".join(self.raw["stderr"]),
+        )

@@ -6,6 +6,7 @@ server.
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -17,6 +18,15 @@ def _time(value: Any) -> datetime | None:
 
 def _opt_float(value: Any) -> float | None:
     return float(value) if value is not None else None
+
+
+def exact_bytes(encoded: Any, text: str) -> bytes:
+    """The bytes an answer's base64 form gives, else its text's UTF-8 (exact then)."""
+    return base64.b64decode(encoded) if isinstance(encoded, str) else text.encode()
+
+
+def _exact(encoded: Any, text: str, given: bytes | None) -> bytes:
+    return given if given is not None and encoded is None else exact_bytes(encoded, text)
 
 
 @dataclass(frozen=True)
@@ -41,7 +51,7 @@ class SandboxInfo:
     """The record of a sandbox (``GET /v1/sandboxes/{id}``)."""
 
     id: str
-    state: str  #: creating, running, paused or stopped
+    state: str  #: creating, running, paused, stopping (destroyed, being torn down), stopped
     backend: str
     image: str
     image_digest: str | None
@@ -86,7 +96,9 @@ class SandboxInfo:
 @dataclass(frozen=True)
 class ExecResult:
     """A command's outcome. ``exit_code`` is None when a signal killed it (``signal``),
-    e.g. at its timeout (``timed_out``); ``error`` says why it could not start."""
+    e.g. at its timeout (``timed_out``); ``error`` says why it could not start.
+    ``stdout``/``stderr`` are the output as text (an invalid UTF-8 byte shown as U+FFFD);
+    ``stdout_bytes``/``stderr_bytes`` are the exact bytes the command wrote."""
 
     exit_code: int | None
     stdout: str = ""
@@ -98,6 +110,8 @@ class ExecResult:
     stdout_truncated: bool = False
     stderr_truncated: bool = False
     error: str | None = None
+    stdout_bytes: bytes = b""
+    stderr_bytes: bytes = b""
 
     @property
     def ok(self) -> bool:
@@ -105,12 +119,25 @@ class ExecResult:
         return self.exit_code == 0 and self.error is None
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], *, stdout: str = "", stderr: str = "") -> ExecResult:
-        """From a whole exec answer, or from a stream's ``exit`` event and its output."""
+    def from_json(
+        cls,
+        data: dict[str, Any],
+        *,
+        stdout: str = "",
+        stderr: str = "",
+        stdout_bytes: bytes | None = None,
+        stderr_bytes: bytes | None = None,
+    ) -> ExecResult:
+        """From a whole exec answer, or from a stream's ``exit`` event and its output.
+        The server gives a stream's bytes (``*_b64``) where its text does not carry them
+        exactly; else the text's UTF-8 is the bytes."""
+        stdout, stderr = data.get("stdout", stdout), data.get("stderr", stderr)
         return cls(
             exit_code=data.get("exit_code"),
-            stdout=data.get("stdout", stdout),
-            stderr=data.get("stderr", stderr),
+            stdout=stdout,
+            stderr=stderr,
+            stdout_bytes=_exact(data.get("stdout_b64"), stdout, stdout_bytes),
+            stderr_bytes=_exact(data.get("stderr_b64"), stderr, stderr_bytes),
             signal=data.get("signal"),
             timed_out=bool(data.get("timed_out", False)),
             duration_ms=float(data.get("duration_ms", 0.0)),

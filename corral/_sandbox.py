@@ -114,7 +114,9 @@ class Sandbox:
         self._update("POST", "/timeout", json={"ttl_s": ttl_s})
 
     def kill(self) -> None:
-        """Destroy it (its files and processes); killing a stopped sandbox does nothing."""
+        """Destroy it (its files and processes): acknowledged at once (``stopping``, it
+        takes no more calls), torn down right after (``stopped``); killing a sandbox
+        destroyed already does nothing."""
         self._update("DELETE")
 
     def __enter__(self) -> Sandbox:

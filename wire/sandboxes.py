@@ -8,6 +8,8 @@ only; unknown fields are refused. Sizes in MiB, times in seconds unless named ``
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from collections.abc import AsyncIterable
 from dataclasses import dataclass
@@ -17,9 +19,12 @@ from typing import Annotated, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
+    PlainSerializer,
     TypeAdapter,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -107,6 +112,8 @@ class SandboxState(StrEnum):
     CREATING = "creating"
     RUNNING = "running"
     PAUSED = "paused"
+    #: the gateway's record only: its destroy is acknowledged, its teardown on the way
+    STOPPING = "stopping"
     STOPPED = "stopped"  #: ended: destroyed, expired, idle, lost or failed
 
 
@@ -176,10 +183,36 @@ class ExecRequest(_Message):
     )
 
 
+def _from_base64(value: object, info: ValidationInfo) -> object:
+    """A string in JSON is the bytes' base64 (what ``Base64Data`` serializes); in Python,
+    bytes are taken as they are (and a string as its UTF-8)."""
+    if info.mode == "json" and isinstance(value, str):
+        try:
+            return base64.b64decode(value, validate=True)
+        except binascii.Error as exc:
+            raise ValueError(f"not base64: {exc}") from None
+    return value
+
+
+#: bytes carried exactly: base64 in JSON, raw in Python (``pydantic.Base64Bytes`` would
+#: decode raw bytes given in Python as base64 too)
+Base64Data = Annotated[
+    bytes,
+    BeforeValidator(_from_base64),
+    PlainSerializer(
+        lambda data: base64.b64encode(data).decode(), return_type=str, when_used="json"
+    ),
+]
+
+
 class ExecOutput(_Message):
+    """A chunk of a command's output as its pipe gave it: bytes, never decoded on the
+    node (a character split between two reads, or output that is not text, reaches the
+    caller whole; the gateway decodes for the surfaces that answer text)."""
+
     kind: Literal["output"] = "output"
     stream: Literal["stdout", "stderr"]
-    data: str
+    data: Base64Data
 
 
 class ExecStarted(_Message):
@@ -203,15 +236,15 @@ EXEC_EVENT = TypeAdapter(ExecEvent)
 
 
 class ExecResult(_Message):
-    """A whole command's outcome (the streamed events, gathered)."""
+    """A whole command's outcome (the streamed events, gathered): its output as bytes."""
 
     pid: int | None = None
     exit_code: int | None
     signal: int | None = None
     timed_out: bool = False
     duration_ms: float
-    stdout: str = ""
-    stderr: str = ""
+    stdout: Base64Data = b""
+    stderr: Base64Data = b""
     stdout_truncated: bool = False
     stderr_truncated: bool = False
     error: str | None = None
@@ -220,7 +253,7 @@ class ExecResult(_Message):
 async def collect(events: AsyncIterable[ExecEvent]) -> ExecResult:
     """A command's whole outcome from its events."""
     pid: int | None = None
-    out: dict[str, list[str]] = {"stdout": [], "stderr": []}
+    out: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
     result = ExecResult(exit_code=None, duration_ms=0.0, error="the command's end was not seen")
     async for event in events:
         if isinstance(event, ExecStarted):
@@ -230,7 +263,7 @@ async def collect(events: AsyncIterable[ExecEvent]) -> ExecResult:
         else:
             result = ExecResult(**event.model_dump(exclude={"kind"}))
     result.pid = pid
-    result.stdout, result.stderr = "".join(out["stdout"]), "".join(out["stderr"])
+    result.stdout, result.stderr = b"".join(out["stdout"]), b"".join(out["stderr"])
     return result
 
 

@@ -304,6 +304,8 @@ class Sandbox(Base):
     node that holds it, to which every operation is routed. ``spec`` is the request less
     the env values (which can be secrets; only their names are kept). ``metered_until``
     and ``metered_cpu_ms`` say how far its usage events go (``app.sandboxes.metering``).
+    ``version`` grows by one at each transition: every writer moves the row only from the
+    version it read (``app.db.sandboxes``).
     """
 
     __tablename__ = "sandboxes"
@@ -335,6 +337,26 @@ class Sandbox(Base):
     memory_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
     metered_until: Mapped[datetime | None] = mapped_column(default=None)
     metered_cpu_ms: Mapped[float | None] = mapped_column(Float, default=None)
+    version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+
+
+class SandboxTotals(Base):
+    """What a tenant's live sandboxes hold together: how many, and their memory, CPU
+    (thousandths of a core) and disk. A create adds its sandbox here and a sandbox that
+    stops being live takes itself off, each in the transaction that writes its row, so
+    the totals always equal the sum over the tenant's live rows; a create is admitted by
+    a conditional update of this one row (``app.db.sandboxes.admit``), which two
+    gateways cannot both pass past the quota."""
+
+    __tablename__ = "sandbox_totals"
+
+    tenant_id: Mapped[str] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    live: Mapped[int] = mapped_column(Integer, default=0)
+    memory_mb: Mapped[int] = mapped_column(BigInteger, default=0)
+    cpu_milli: Mapped[int] = mapped_column(BigInteger, default=0)
+    disk_mb: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
 class Snapshot(Base):

@@ -43,7 +43,7 @@ from app.e2b.auth import services, tenant
 from app.e2b.errors import Handler, NotSupported, guarded, rest_error
 from app.errors import BadRequest, Conflict, NotFound, ValidationFailed
 from app.sandboxes import lifetime
-from app.sandboxes.listing import Filters
+from app.sandboxes.listing import GONE, Filters
 from app.schemas.sandboxes import CreateSandbox
 from wire.sandboxes import NetworkPolicy, SandboxState
 
@@ -147,7 +147,7 @@ def _timeout(value: object, default: float | None) -> float | None:
 async def _live(request: Request, principal: Principal, sandbox_id: str) -> Sandbox:
     """The tenant's sandbox, unless it has stopped (E2B has forgotten it then)."""
     row = await services(request).sandboxes.get(principal.tenant_id, sandbox_id)
-    if row.state == SandboxState.STOPPED.value:
+    if row.state in GONE:
         raise NotFound(f"sandbox {sandbox_id} not found")
     return row
 
@@ -242,7 +242,7 @@ def routes() -> list[Route]:
         principal = await tenant(request)
         sandbox_id = request.path_params["sandbox_id"]
         row = await services(request).sandboxes.refresh(principal.tenant_id, sandbox_id)
-        if row.state == SandboxState.STOPPED.value:
+        if row.state in GONE:
             raise NotFound(f"sandbox {sandbox_id} not found")
         return JSONResponse(
             listed(row) | {"envdAccessToken": access_token(request, principal, row)}
@@ -331,7 +331,7 @@ def routes() -> list[Route]:
         principal = await tenant(request)
         sandbox_id = request.path_params["sandbox_id"]
         row = await services(request).sandboxes.refresh(principal.tenant_id, sandbox_id)
-        if row.state == SandboxState.STOPPED.value:
+        if row.state in GONE:
             raise NotFound(f"sandbox {sandbox_id} not found")
         spec = row.spec or {}
         now = datetime.now(UTC)

@@ -118,16 +118,13 @@ def _path(request: Request, caller: SandboxCaller, path: object) -> str:
 
 
 # --- messages ---------------------------------------------------------------------------
-def _b64(data: str) -> str:
-    return base64.b64encode(data.encode()).decode()
-
-
 def _event(event: ExecEvent) -> Message:
-    """A node event as envd's ``ProcessEvent``."""
+    """A node event as envd's ``ProcessEvent``: output as the exact bytes the command
+    wrote (envd's ``data`` is bytes, base64 in JSON; the SDK decodes them itself)."""
     if isinstance(event, ExecStarted):
         return {"start": {"pid": event.pid}}
     if isinstance(event, ExecOutput):
-        return {"data": {event.stream: _b64(event.data)}}
+        return {"data": {event.stream: base64.b64encode(event.data).decode()}}
     return {"end": _end(event)}
 
 

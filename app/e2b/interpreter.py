@@ -19,6 +19,7 @@ tenant's daily CPU budget (else 429 ``cpu_quota_exhausted``).
 from __future__ import annotations
 
 import asyncio
+import codecs
 import functools
 import json
 import logging
@@ -124,6 +125,7 @@ def _context(info: ProcessInfo, context_id: str) -> dict[str, str]:
 async def _answers(events: AsyncIterator[ExecEvent], cell: str) -> AsyncIterator[dict[str, Any]]:
     """The worker's answers to one cell, until its ``end`` (excluded)."""
     pending = ""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")  # a line may span two reads
     async for event in events:
         if isinstance(event, ExecExit):
             yield {
@@ -136,9 +138,9 @@ async def _answers(events: AsyncIterator[ExecEvent], cell: str) -> AsyncIterator
         if not isinstance(event, ExecOutput):
             continue
         if event.stream == "stderr":
-            log.debug("interpreter worker: %s", loggable(event.data.rstrip()))
+            log.debug("interpreter worker: %s", loggable(event.data.decode(errors="replace")))
             continue
-        pending += event.data
+        pending += decoder.decode(event.data)
         *lines, pending = pending.split("\n")
         for line in lines:
             try:

@@ -4,7 +4,7 @@ bytes it stores (large outputs kept, from the blobs, and the snapshots it has no
 deleted). Both are read from the database, the source of truth across every gateway
 and node, and cached briefly on the admission path, so a tenant may overshoot by what it
 starts within ``cache_seconds`` (and a sandbox's CPU shows once its node's reading
-reached the record: ``app.sandboxes.service.sync``).
+reached the record: ``app.sandboxes.sync``).
 """
 
 from __future__ import annotations

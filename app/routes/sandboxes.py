@@ -3,7 +3,9 @@
 Every operation on a sandbox is routed to the node that holds it
 (``app.sandboxes.service``). Files travel as raw bytes, streamed both ways (``GET``/``PUT
 .../files``), and every file call acts as a user of the sandbox (its default, or ``user``);
-``exec`` answers the whole result, or NDJSON events as they come with ``"stream": true``.
+``exec`` answers the whole result, or NDJSON events as they come with ``"stream": true``;
+its output as text, and as exact bytes where text would not carry them
+(``app.sandboxes.output``).
 Every call here takes a token of the tenant's sandbox-calls bucket first
 (``app.sandboxes.admission``: 429 ``rate_limited`` past ``sandbox_calls_per_second``).
 """
@@ -19,7 +21,7 @@ from app.db.cursors import decode_cursor, encode_cursor
 from app.db.models import Sandbox, Snapshot
 from app.errors import InvalidPath, ValidationFailed
 from app.http.endpoint import Call, Endpoint, Handler, endpoint
-from app.sandboxes import listing
+from app.sandboxes import listing, output
 from app.sandboxes.files import FileAnswer, bounded, refuse_declared_over
 from app.schemas.sandboxes import (
     CreateSandbox,
@@ -190,16 +192,17 @@ async def exec_command(call: Call) -> ExecOut | Response:
     if body.stream:
         # The node's refusal (paused, gone, unreachable) comes with the first event: take
         # it before the answer starts, so that it is an error answer, not a cut stream.
-        first = await anext(aiter(events), None)
+        answer = output.stream_events(events, binary=body.binary)
+        first = await anext(answer, None)
 
         async def lines() -> AsyncIterator[bytes]:
             if first is not None:
-                yield first.model_dump_json().encode() + b"\n"
-            async for event in events:
-                yield event.model_dump_json().encode() + b"\n"
+                yield output.ndjson_line(first)
+            async for event in answer:
+                yield output.ndjson_line(event)
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
-    return ExecOut(**(await collect(events)).model_dump())
+    return output.exec_out(await collect(events), binary=body.binary)
 
 
 @endpoint(

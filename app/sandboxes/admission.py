@@ -9,7 +9,9 @@
                           ``sandbox_too_large`` naming the field), the daily CPU budget,
                           then what the live sandboxes hold together (``totals_refusal``:
                           429 ``concurrency_limited`` or ``sandbox_quota_exhausted``),
-                          judged by ``app.sandboxes.service`` when it writes the row
+                          judged against the tenant's ``sandbox_totals`` before the node
+                          is asked, and again by the one conditional update that records
+                          the sandbox (``app.db.sandboxes.admit``)
     exec, process start, the interpreter's execute, resume, E2B connect
                           the daily CPU budget (``cpu``: 429 ``cpu_quota_exhausted``,
                           Retry-After until UTC midnight), as invocations
@@ -71,6 +73,42 @@ class Ask:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Held:
+    """What a tenant's live sandboxes hold together (``sandbox_totals``): how many, their
+    memory and disk (MiB) and CPU (thousandths of a core, kept as an integer so that
+    adding and taking off never drifts)."""
+
+    count: int = 0
+    memory_mb: int = 0
+    cpu_milli: int = 0
+    disk_mb: int = 0
+
+    @classmethod
+    def of(cls, asks: Iterable[Ask]) -> Held:
+        held = list(asks)
+        return cls(
+            count=len(held),
+            memory_mb=sum(a.memory_mb for a in held),
+            cpu_milli=sum(milli(a.cpu) for a in held),
+            disk_mb=sum(a.disk_mb for a in held),
+        )
+
+    def plus(self, asks: Iterable[Ask]) -> Held:
+        more = Held.of(asks)
+        return Held(
+            count=self.count + more.count,
+            memory_mb=self.memory_mb + more.memory_mb,
+            cpu_milli=self.cpu_milli + more.cpu_milli,
+            disk_mb=self.disk_mb + more.disk_mb,
+        )
+
+
+def milli(cpu: float) -> int:
+    """Cores in thousandths (what ``Held`` and ``sandbox_totals`` count)."""
+    return round(cpu * 1000)
+
+
 def size_refusal(quota: QuotaLimits, ask: Ask) -> SandboxTooLarge | None:
     """Why one sandbox of this size may not be made for the tenant, if it may not."""
     for field, asked, limit, unit in (
@@ -86,13 +124,15 @@ def size_refusal(quota: QuotaLimits, ask: Ask) -> SandboxTooLarge | None:
     return None
 
 
-def totals_refusal(quota: QuotaLimits, live: Iterable[Ask], ask: Ask) -> QuotaExceeded | None:
+def totals_refusal(
+    quota: QuotaLimits, live: Held | Iterable[Ask], ask: Ask
+) -> QuotaExceeded | None:
     """Why the tenant may not hold ``ask`` more, its ``live`` sandboxes (``ask`` not
-    among them) held, if it may not."""
-    held = list(live)
-    if len(held) + 1 > quota.max_concurrent_sandboxes:
+    among them) held, if it may not (the same bounds as ``app.db.sandboxes.admit``)."""
+    held = live if isinstance(live, Held) else Held.of(live)
+    if held.count + 1 > quota.max_concurrent_sandboxes:
         return ConcurrencyLimited(
-            f"the tenant holds {len(held)} live sandboxes, its max_concurrent_sandboxes "
+            f"the tenant holds {held.count} live sandboxes, its max_concurrent_sandboxes "
             f"{quota.max_concurrent_sandboxes}",
             retry_after=SANDBOX_RETRY_AFTER_S,
             details={"quota": "max_concurrent_sandboxes", "limit": quota.max_concurrent_sandboxes},
@@ -101,15 +141,21 @@ def totals_refusal(quota: QuotaLimits, live: Iterable[Ask], ask: Ask) -> QuotaEx
         (
             "max_sandboxes_memory_mb",
             ask.memory_mb,
-            sum(a.memory_mb for a in held),
+            held.memory_mb,
             quota.max_sandboxes_memory_mb,
             "MiB of memory",
         ),
-        ("max_sandboxes_cpu", ask.cpu, sum(a.cpu for a in held), quota.max_sandboxes_cpu, "CPU"),
+        (
+            "max_sandboxes_cpu",
+            ask.cpu,
+            held.cpu_milli / 1000,
+            quota.max_sandboxes_cpu,
+            "CPU",
+        ),
         (
             "max_sandboxes_disk_mb",
             ask.disk_mb,
-            sum(a.disk_mb for a in held),
+            held.disk_mb,
             quota.max_sandboxes_disk_mb,
             "MiB of disk",
         ),

@@ -20,6 +20,8 @@ from app.db.models import Sandbox
 from wire.sandboxes import SandboxState
 
 LIVE = (SandboxState.CREATING, SandboxState.RUNNING, SandboxState.PAUSED)
+#: a destroyed sandbox (its teardown on the way, or done) takes no more calls
+GONE = (SandboxState.STOPPING.value, SandboxState.STOPPED.value)
 
 
 def states(state: str | None) -> list[str] | None:

@@ -2,9 +2,10 @@
 
 A pass appends, for each sandbox that has started and is live (creating excluded: it has
 not started; paused included: it holds its memory) or has ended without being metered to
-its end, one ``usage_events`` row for the interval from where its metering stopped
-(``metered_until``, else ``started_at``) to now (a live one, once the interval is
-``every_s`` long) or to ``ended_at`` (one that ended): subject ``sandbox``, subject id
+its end (stopped, or destroyed and not yet torn down: ``stopping``, which ended when its
+destroy was acknowledged), one ``usage_events`` row for the interval from where its
+metering stopped (``metered_until``, else ``started_at``) to now (a live one, once the
+interval is ``every_s`` long) or to ``ended_at`` (one that ended): subject ``sandbox``, subject id
 ``<id>@<start, epoch ms>``, kind ``sandbox``, the tenant, runtime the backend, the node,
 status the state; ``instance_seconds`` the interval, ``memory_mb_seconds`` the reserved
 ``memory_mb`` times it, ``cpu_ms`` what the record's CPU reading grew since the last
@@ -42,6 +43,9 @@ KIND = "sandbox"
 #: pass made when it is recorded stopped meters it; this only catches one that failed)
 CATCH_UP = timedelta(days=1)
 METERED = (SandboxState.RUNNING.value, SandboxState.PAUSED.value)
+#: ended at ``ended_at``: a destroyed sandbox is charged up to its destroy's acknowledgment,
+#: however long its teardown takes (``stopping``)
+ENDED = (SandboxState.STOPPING.value, SandboxState.STOPPED.value)
 
 _EVENTS = cast(Table, UsageEvent.__table__)
 
@@ -51,7 +55,7 @@ def _due(row: Sandbox, now: datetime, every_s: float) -> tuple[datetime, datetim
     if row.started_at is None:
         return None
     start = row.metered_until or row.started_at
-    if row.state == SandboxState.STOPPED.value:
+    if row.state in ENDED:
         end = row.ended_at
         if end is None or end <= start:
             return None
@@ -120,7 +124,7 @@ async def _rows(
         query = query.where(Sandbox.id == sandbox_id)
     else:
         ended = and_(
-            Sandbox.state == SandboxState.STOPPED.value,
+            Sandbox.state.in_(ENDED),
             Sandbox.ended_at >= now - CATCH_UP,
             or_(Sandbox.metered_until.is_(None), Sandbox.metered_until < Sandbox.ended_at),
         )

@@ -1,27 +1,17 @@
-"""Sandboxes as the control plane sees them: records, quotas, placement, routing.
+"""Sandboxes as the control plane sees them: the one object the routes (``/v1``, E2B,
+the console) and the leader's ``sandboxes`` job call, made of one part per concern:
 
-A create is admitted against the tenant's sandbox quotas (``app.sandboxes.admission``):
-the size of one sandbox, the daily CPU budget, and what its live sandboxes hold together
-(``max_concurrent_sandboxes``, memory, CPU, disk). That last judgement is made in the
-transaction that writes the row, the tenant's creates taking turns in it (``_admit``: a
-lock on the tenant's row on PostgreSQL, SQLite's one writer), so two creates racing for
-the last room cannot both win, and a burst is refused only past what the quota holds.
-Then its ``max_sandbox_lifetime_seconds`` (``app.sandboxes.lifetime``, which judges
-timeouts too); it is placed on a node that offers the backend and has room for its
-memory and CPU (``app.placement.sandboxes``: best of two by live sandboxes and free
-memory), and created there, the node sent the image's digest when the control
-plane's store knows its name (the node fetches a digest it lacks; ``app.images``) and
-the name as given otherwise; the row then keeps the name, and holds the node, the image
-digest and the phase timings. Every later operation is routed to that node. ``sync`` (run by the
-reconciler's loop) makes records and nodes agree: a record whose node no longer has the
-sandbox is stopped with the node's reason (expired, idle) or "lost"; a sandbox a node
-holds with no live record is destroyed. Then it records the usage of live sandboxes,
-and a sandbox recorded stopped has its last interval recorded at once
-(``app.sandboxes.metering``); the CPU a node read of a live sandbox reaches its record
-at each ``sync``, so the daily CPU quota sees it. A snapshot is admitted the same way as
-a create (``_reserve_snapshot``): its row, sized as the sandbox's disk use now, is
-written before the node copies anything, in a transaction that counts it against
-``max_snapshots`` and ``max_storage_mb``; the copy's real size replaces the estimate.
+* ``app.sandboxes.records``: the rows, read and moved by compare-and-set;
+* ``app.sandboxes.fleet``: the nodes' clients, placement, the node of a sandbox;
+* ``app.sandboxes.create``: a create, admitted and recorded in one commit;
+* ``app.sandboxes.teardown``: a destroy acknowledged at once, its teardown off the
+  caller's path (drained on close);
+* ``app.sandboxes.snapshots``: snapshots, admitted before anything is copied;
+* ``app.sandboxes.sync``: records and nodes made to agree, then usage metered.
+
+Every operation on a live sandbox (pause, resume, timeout, exec, files) is routed to
+the node that holds it; what the node answers is stored by compare-and-set, and a
+``GET`` (``refresh``) shows the node's readings without storing them.
 """
 
 from __future__ import annotations
@@ -29,53 +19,32 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.auth.principal import Principal
-from app.db.models import Sandbox, Snapshot, Tenant
+from app.db.models import Sandbox, Snapshot
 from app.db.transactions import RowReader
-from app.errors import (
-    CorralError,
-    LifetimeTooLong,
-    NodeUnavailable,
-    NotFound,
-)
+from app.errors import NodeUnavailable, NotFound
 from app.images.catalog import ControlImages
-from app.placement import sandboxes as placement
 from app.placement.catalogue import Catalogue
-from app.quotas import readings
-from app.quotas.spec import QuotaLimits
-from app.sandboxes import lifetime, listing, metering
-from app.sandboxes.admission import (
-    Ask,
-    SandboxAdmission,
-    size_refusal,
-    snapshot_refusal,
-    totals_refusal,
-)
-from app.sandboxes.listing import LIVE
+from app.sandboxes import lifetime, listing
+from app.sandboxes.admission import Ask, SandboxAdmission, size_refusal, totals_refusal
+from app.sandboxes.create import Creates
+from app.sandboxes.fleet import Fleet
+from app.sandboxes.listing import GONE
 from app.sandboxes.nodes import NodeClient
-from app.sandboxes.place import PLACE, Placed, SandboxPlace
+from app.sandboxes.place import Placed, SandboxPlace
+from app.sandboxes.records import Records, fields
+from app.sandboxes.snapshots import Snapshots
+from app.sandboxes.sync import Sync
+from app.sandboxes.teardown import Teardowns
 from app.schemas.sandboxes import DEFAULT_TTL_S, CreateSandbox
-from wire.ids import new_id
-from wire.messages import NodeReport
-from wire.sandboxes import ExecEvent, ExecRequest, SandboxSpec, SandboxState, SandboxStatus
+from wire.sandboxes import ExecEvent, ExecRequest
 
 log = logging.getLogger(__name__)
-
-#: a record still ``creating`` after this long lost its create (gateway died meanwhile)
-CREATE_GRACE = timedelta(minutes=10)
-#: a node missing from the catalogue this long has lost its sandboxes (a node only
-#: briefly thought dead keeps them: its sandboxes are records' truth, not its heartbeat)
-LOST_AFTER = timedelta(minutes=2)
-
-
-def _at(epoch: float) -> datetime:
-    return datetime.fromtimestamp(epoch, UTC)
 
 
 class Sandboxes:
@@ -90,27 +59,32 @@ class Sandboxes:
         admission: SandboxAdmission,
         meter_every_s: float = 60.0,
     ) -> None:
-        self._sessions = sessions
         self.admission = admission
-        self._rows = rows
-        self._images = images
-        self._meter_every_s = meter_every_s
-        self._catalogue = catalogue
-        self._token = node_token
-        self._clients: dict[tuple[str, str], NodeClient] = {}
-        self._absent_since: dict[str, datetime] = {}
+        self.records = Records(sessions=sessions, rows=rows, meter_every_s=meter_every_s)
+        self.fleet = Fleet(catalogue=catalogue, node_token=node_token)
+        self.teardowns = Teardowns(records=self.records, fleet=self.fleet)
+        self.snapshots = Snapshots(records=self.records, fleet=self.fleet)
+        self.creates = Creates(
+            records=self.records,
+            fleet=self.fleet,
+            images=images,
+            admission=admission,
+            snapshots=self.snapshots,
+            teardowns=self.teardowns,
+        )
+        self.reconciler = Sync(records=self.records, fleet=self.fleet, teardowns=self.teardowns)
 
     async def close(self) -> None:
-        for client in self._clients.values():
-            await client.close()
-        self._clients.clear()
+        await self.teardowns.close()
+        await self.fleet.close()
+
+    async def drain(self) -> None:
+        """Wait (bounded) for the teardowns still running off the callers' paths."""
+        await self.teardowns.drain()
 
     # --- records ----------------------------------------------------------------------
     async def get(self, tenant_id: str, sandbox_id: str) -> Sandbox:
-        row = await self._rows.get(Sandbox, sandbox_id)
-        if row is None or row.tenant_id != tenant_id:
-            raise NotFound(f"no sandbox {sandbox_id}")
-        return row
+        return await self.records.get(tenant_id, sandbox_id)
 
     async def place(self, tenant_id: str, sandbox_id: str) -> SandboxPlace:
         """Where the tenant's sandbox lives and its state (``app.sandboxes.place``)."""
@@ -122,8 +96,7 @@ class Sandboxes:
     async def place_of(self, sandbox_id: str) -> SandboxPlace | None:
         """Where a sandbox lives, whoever's it is (for a credential that names it:
         ``app.e2b.auth``); None: no such sandbox."""
-        values = await self._rows.read(PLACE, sandbox_id)
-        return None if values is None else SandboxPlace.of(values)
+        return await self.records.place_of(sandbox_id)
 
     async def list_sandboxes(
         self,
@@ -135,215 +108,27 @@ class Sandboxes:
     ) -> list[Sandbox]:
         """The tenant's sandboxes that pass ``filters``, newest first
         (``app.sandboxes.listing``)."""
-        async with self._sessions() as session:
-            dialect = session.get_bind().dialect.name
-            query = listing.query(tenant_id, filters, dialect=dialect, limit=limit, after=after)
-            return list((await session.scalars(query)).all())
-
-    async def _update(self, sandbox_id: str, **fields: Any) -> Sandbox:
-        async with self._sessions() as session, session.begin():
-            row = await session.get(Sandbox, sandbox_id)
-            if row is None:
-                raise NotFound(f"no sandbox {sandbox_id}")
-            for name, value in fields.items():
-                setattr(row, name, value)
-        if row.state == SandboxState.STOPPED.value:
-            await self._meter_final(row)
-        return row
-
-    async def _meter_final(self, row: Sandbox) -> None:
-        """The usage of a sandbox just recorded stopped, up to its end (if this fails, the
-        leader's next metering pass records it)."""
-        try:
-            await metering.meter(
-                self._sessions, now=datetime.now(UTC), every_s=0.0, sandbox_id=row.id
-            )
-        except Exception as exc:
-            log.warning("sandbox=%s: its last usage is not recorded yet (%r)", row.id, exc)
+        return await self.records.of_tenant(tenant_id, filters, limit=limit, after=after)
 
     async def meter(self) -> int:
         """Record the usage of live and just-ended sandboxes (``app.sandboxes.metering``)."""
-        return await metering.meter(
-            self._sessions, now=datetime.now(UTC), every_s=self._meter_every_s
-        )
-
-    async def _apply(self, row: Sandbox, status: SandboxStatus) -> Sandbox:
-        """Store what a node says of the sandbox."""
-        fields: dict[str, Any] = {
-            "state": status.state.value,
-            "expires_at": _at(status.expires_at),
-            "image_digest": status.image_digest,
-        }
-        if status.cpu_ms is not None:
-            fields["cpu_ms"] = status.cpu_ms
-        if status.memory_bytes is not None:
-            fields["memory_bytes"] = status.memory_bytes
-        if status.state is SandboxState.STOPPED:
-            fields["ended_at"] = row.ended_at or datetime.now(UTC)
-            fields["reason"] = status.reason
-        return await self._update(row.id, **fields)
-
-    # --- create -----------------------------------------------------------------------
-    async def create(self, principal: Principal, body: CreateSandbox) -> Sandbox:
-        tenant_id = principal.tenant_id
-        received = datetime.now(UTC)
-        ask = Ask(cpu=body.cpu, memory_mb=body.memory_mb, disk_mb=body.disk_mb)
-        too_large = size_refusal(principal.quota, ask)
-        if too_large is not None:
-            raise too_large
-        await self.admission.cpu(principal)
-        lifetime_s = float(principal.quota.max_sandbox_lifetime_seconds)
-        asked = body.ttl_s if "ttl_s" in body.model_fields_set else None
-        body = body.model_copy(update={"ttl_s": lifetime.create_ttl(asked, lifetime_s)})
-        if body.snapshot_id is not None:
-            snapshot = await self.get_snapshot(tenant_id, body.snapshot_id)
-            body = body.model_copy(update={"backend": snapshot.backend, "image": snapshot.image})
-        row = Sandbox(
-            id=new_id("sbx"),
-            tenant_id=tenant_id,
-            backend=body.backend,
-            image=body.image,
-            state=SandboxState.CREATING.value,
-            spec=body.model_dump(mode="json", exclude={"env", "metadata"})
-            | {"env_keys": sorted(body.env)},
-            meta=dict(body.metadata),
-            created_at=received,
-        )
-        if body.snapshot_id is None:  # (the snapshot's node is judged when it is sent)
-            reports = await self._catalogue.nodes()
-            placement.refuse_too_large(reports, body.backend, memory_mb=ask.memory_mb, cpu=ask.cpu)
-        await self._admit(row, principal.quota, ask)
-        try:
-            if body.snapshot_id is not None:
-                node = await self._node_by_id(snapshot.node_id, ask)
-                image = body.image  # unused: the node starts from the snapshot's digest
-            else:
-                node = await self._place(body.backend, ask)
-                image = await self._image_ref(body.image)
-            spec = SandboxSpec(
-                sandbox_id=row.id,
-                tenant_id=tenant_id,
-                backend=body.backend,
-                image=image,
-                cpu=body.cpu,
-                memory_mb=body.memory_mb,
-                disk_mb=body.disk_mb,
-                ttl_s=self._first_ttl(row, body.ttl_s, lifetime_s),
-                idle_timeout_s=body.idle_timeout_s,
-                env=body.env,
-                network=body.network,
-                user=body.user,
-                snapshot_id=body.snapshot_id,
-            )
-            placed = datetime.now(UTC)
-            await self._update(row.id, node_id=node.node_id)
-            status = await node.create(spec)
-        except BaseException as exc:
-            reason = exc.message if isinstance(exc, CorralError) else type(exc).__name__
-            await self._update(
-                row.id,
-                state=SandboxState.STOPPED.value,
-                reason=f"failed: {reason}",
-                ended_at=datetime.now(UTC),
-            )
-            raise
-        log.info("sandbox=%s tenant=%s: running on %s", row.id, tenant_id, node.node_id)
-        return await self._update(
-            row.id,
-            state=status.state.value,
-            image_digest=status.image_digest,
-            started_at=datetime.now(UTC),
-            expires_at=_at(status.expires_at),
-            queue_ms=(placed - received).total_seconds() * 1000,
-            image_ms=status.phases.image_ms,
-            setup_ms=status.phases.setup_ms,
-            start_ms=status.phases.start_ms,
-        )
-
-    async def _admit(self, row: Sandbox, quota: QuotaLimits, ask: Ask) -> None:
-        """Write the row of a new sandbox unless, counted with the tenant's live ones, it
-        would pass the quota (then nothing is written). The tenant's creates take turns
-        between the write and the judgement: each judges every row written before it, so
-        none is let in past the quota and none is refused while there is room."""
-        tenant_live = (Sandbox.tenant_id == row.tenant_id) & Sandbox.state.in_(
-            [s.value for s in LIVE]
-        )
-        async with self._sessions() as session, session.begin():
-            await _take_turn(session, row.tenant_id)
-            session.add(row)
-            await session.flush()  # SQLite: the one writer's lock, held to the commit
-            specs = await session.scalars(
-                select(Sandbox.spec).where(tenant_live, Sandbox.id != row.id)
-            )
-            refusal = totals_refusal(quota, [Ask.of(spec or {}) for spec in specs], ask)
-            if refusal is not None:
-                raise refusal  # rolled back: the row was never there
-
-    @staticmethod
-    def _first_ttl(row: Sandbox, ttl_s: float, lifetime_s: float) -> float:
-        """The TTL the node is asked for: what was granted, less the time the create has
-        taken so far if the lifetime would end sooner."""
-        left = lifetime.left_s(row.created_at, lifetime_s, datetime.now(UTC))
-        if left <= 0:
-            raise LifetimeTooLong(f"sandbox {row.id} reached its lifetime before it started")
-        return min(ttl_s, left)
-
-    async def _image_ref(self, ref: str) -> str:
-        """What the node is sent for the image ``ref``: its digest when the control
-        plane's store knows it (the node fetches a digest it lacks), else ``ref`` as
-        given, for the node's own store to resolve (an image built on that node)."""
-        digest = await self._images.digest_of(ref)
-        return digest if digest is not None else ref
-
-    async def _place(self, backend: str, ask: Ask) -> NodeClient:
-        """A node with room for the sandbox (``app.placement.sandboxes``)."""
-        reports = await self._catalogue.nodes()
-        chosen = placement.choose(reports, backend, memory_mb=ask.memory_mb, cpu=ask.cpu)
-        return self._client(chosen)
-
-    async def _node_by_id(self, node_id: str, ask: Ask | None = None) -> NodeClient:
-        """The client of one node; with ``ask``, refused unless it has room for it."""
-        for report in await self._catalogue.nodes():
-            if report.node_id == node_id and report.address is not None:
-                if ask is not None:
-                    placement.check(report, memory_mb=ask.memory_mb, cpu=ask.cpu)
-                return self._client(report)
-        raise NodeUnavailable(f"node {node_id} is not reachable now")
-
-    def _client(self, report: NodeReport) -> NodeClient:
-        if self._token is None:
-            raise NodeUnavailable("the gateway has no node token (CORRAL_NODE_TOKEN)")
-        assert report.address is not None
-        key = (report.node_id, report.address)
-        client = self._clients.get(key)
-        if client is None:
-            client = self._clients[key] = NodeClient(report.node_id, report.address, self._token)
-        return client
+        return await self.records.meter()
 
     async def node_of(self, row: Placed) -> NodeClient:
         """The client of the node holding a live sandbox."""
-        if row.state == SandboxState.STOPPED.value:
-            from app.errors import SandboxNotRunning
+        return await self.fleet.node_of(row)
 
-            raise SandboxNotRunning(f"sandbox {row.id} has stopped ({row.reason})")
-        for report in await self._catalogue.nodes():
-            if report.node_id == row.node_id and report.address is not None:
-                return self._client(report)
-        raise NodeUnavailable(f"the node of sandbox {row.id} is not reachable now")
+    async def node_for(self, tenant_id: str, sandbox_id: str) -> NodeClient:
+        return await self.fleet.node_of(await self.place(tenant_id, sandbox_id))
 
-    # --- operations -------------------------------------------------------------------
+    # --- lifecycle --------------------------------------------------------------------
+    async def create(self, principal: Principal, body: CreateSandbox) -> Sandbox:
+        """Admit, place, make and record a sandbox (``app.sandboxes.create``)."""
+        return await self.creates.create(principal, body)
+
     async def destroy(self, tenant_id: str, sandbox_id: str) -> Sandbox:
-        row = await self.get(tenant_id, sandbox_id)
-        if row.state == SandboxState.STOPPED.value:
-            return row
-        try:
-            node = await self.node_of(row)
-            status = await node.destroy(sandbox_id)
-        except NotFound:
-            return await self._update(
-                row.id, state="stopped", reason="lost", ended_at=datetime.now(UTC)
-            )
-        return await self._apply(row, status)
+        """Acknowledged at once, ``stopping`` (``app.sandboxes.teardown``)."""
+        return await self.teardowns.destroy(tenant_id, sandbox_id)
 
     async def action(
         self, principal: Principal, sandbox_id: str, action: str, body: Any = None
@@ -353,7 +138,7 @@ class Sandboxes:
         if action == "resume":
             await self.admission.cpu(principal)
         node = await self.node_of(row)
-        return await self._apply(row, await node.action(sandbox_id, action, body))
+        return await self.records.apply(row, await node.action(sandbox_id, action, body))
 
     async def set_timeout(self, principal: Principal, sandbox_id: str, ttl_s: float) -> Sandbox:
         """End the sandbox ``ttl_s`` from now, unless that passes its lifetime's end."""
@@ -367,18 +152,22 @@ class Sandboxes:
         node = await self.node_of(row)
         status = await node.action(sandbox_id, "timeout", {"ttl_s": ttl_s})
         log.info("sandbox=%s: ends in %gs", sandbox_id, ttl_s)
-        return await self._apply(row, status)
+        return await self.records.apply(row, status)
 
     async def refresh(self, tenant_id: str, sandbox_id: str) -> Sandbox:
-        """The record, with the node's live readings (memory, CPU) when it is live."""
+        """The record, shown with what its node says now (state, expiry, memory, CPU)
+        when it is live. Nothing is written: the leader's ``sync`` stores what lasts."""
         row = await self.get(tenant_id, sandbox_id)
-        if row.state == SandboxState.STOPPED.value:
+        if row.state in GONE:
             return row
         try:
             node = await self.node_of(row)
-            return await self._apply(row, await node.status(sandbox_id))
+            status = await node.status(sandbox_id)
         except (NodeUnavailable, NotFound):
             return row
+        for name, value in fields(row, status).items():
+            setattr(row, name, value)  # a detached copy: shown, never stored
+        return row
 
     async def exec(
         self, principal: Principal, sandbox_id: str, request: ExecRequest
@@ -388,104 +177,19 @@ class Sandboxes:
         await self.admission.cpu(principal)
         return node.exec(sandbox_id, request)
 
-    async def node_for(self, tenant_id: str, sandbox_id: str) -> NodeClient:
-        return await self.node_of(await self.place(tenant_id, sandbox_id))
-
-    # --- snapshots and forks --------------------------------------------------------------
+    # --- snapshots and forks ----------------------------------------------------------
     async def snapshot(self, principal: Principal, sandbox_id: str) -> Snapshot:
-        """Copy the sandbox's files, within the tenant's ``max_snapshots`` and
-        ``max_storage_mb`` (judged before anything is copied)."""
-        tenant_id = principal.tenant_id
-        row = await self.get(tenant_id, sandbox_id)
-        node = await self.node_of(row)
-        in_use = (await node.status(sandbox_id)).disk_bytes or 0
-        snapshot = Snapshot(
-            id=new_id("snap"),
-            tenant_id=tenant_id,
-            sandbox_id=sandbox_id,
-            node_id=node.node_id,
-            backend=row.backend,
-            image=row.image,
-            image_digest=row.image_digest or "",
-            size_bytes=in_use,
-            created_at=datetime.now(UTC),
-        )
-        await self._reserve_snapshot(snapshot, principal.quota)
-        try:
-            info = await node.snapshot(sandbox_id, snapshot.id)
-        except BaseException:
-            await asyncio.shield(self._drop_snapshot_row(snapshot.id))
-            raise
-        async with self._sessions() as session, session.begin():
-            await session.execute(
-                update(Snapshot)
-                .where(Snapshot.id == snapshot.id)
-                .values(size_bytes=info.size_bytes, image_digest=info.image_digest)
-            )
-        snapshot.size_bytes, snapshot.image_digest = info.size_bytes, info.image_digest
-        log.info("sandbox=%s: snapshot %s (%d bytes)", sandbox_id, snapshot.id, info.size_bytes)
-        return snapshot
-
-    async def _reserve_snapshot(self, snapshot: Snapshot, quota: QuotaLimits) -> None:
-        """Write the row of a snapshot about to be made, sized as its sandbox's disk use
-        now, unless the tenant keeps ``max_snapshots`` or it would pass the storage
-        quota; the tenant's snapshots take turns here, as creates do in ``_admit``."""
-        async with self._sessions() as session, session.begin():
-            await _take_turn(session, snapshot.tenant_id)
-            session.add(snapshot)
-            await session.flush()
-            kept = await session.scalar(
-                select(func.count())
-                .select_from(Snapshot)
-                .where(
-                    Snapshot.tenant_id == snapshot.tenant_id,
-                    Snapshot.deleted_at.is_(None),
-                    Snapshot.id != snapshot.id,
-                )
-            )
-            stored = await readings.stored_bytes(session, snapshot.tenant_id)
-            refusal = snapshot_refusal(
-                quota,
-                kept=int(kept or 0),
-                stored_bytes=stored - snapshot.size_bytes,
-                adding_bytes=snapshot.size_bytes,
-            )
-            if refusal is not None:
-                raise refusal
-
-    async def _drop_snapshot_row(self, snapshot_id: str) -> None:
-        """Forget the row of a snapshot the node did not make."""
-        try:
-            async with self._sessions() as session, session.begin():
-                await session.execute(delete(Snapshot).where(Snapshot.id == snapshot_id))
-        except Exception as exc:
-            log.warning("snapshot %s: its row is left (%r)", snapshot_id, exc)
+        """Copy the sandbox's files (``app.sandboxes.snapshots``)."""
+        return await self.snapshots.snapshot(principal, sandbox_id)
 
     async def get_snapshot(self, tenant_id: str, snapshot_id: str) -> Snapshot:
-        async with self._sessions() as session:
-            row = await session.get(Snapshot, snapshot_id)
-        if row is None or row.tenant_id != tenant_id or row.deleted_at is not None:
-            raise NotFound(f"no snapshot {snapshot_id}")
-        return row
+        return await self.snapshots.get(tenant_id, snapshot_id)
 
     async def list_snapshots(self, tenant_id: str, *, limit: int) -> list[Snapshot]:
-        query = (
-            select(Snapshot)
-            .where(Snapshot.tenant_id == tenant_id, Snapshot.deleted_at.is_(None))
-            .order_by(Snapshot.created_at.desc())
-            .limit(limit)
-        )
-        async with self._sessions() as session:
-            return list((await session.scalars(query)).all())
+        return await self.snapshots.of_tenant(tenant_id, limit=limit)
 
     async def delete_snapshot(self, tenant_id: str, snapshot_id: str) -> None:
-        row = await self.get_snapshot(tenant_id, snapshot_id)
-        node = await self._node_by_id(row.node_id)
-        await node.delete_snapshot(snapshot_id, tenant_id=tenant_id)
-        async with self._sessions() as session, session.begin():
-            stored = await session.get(Snapshot, snapshot_id)
-            if stored is not None:
-                stored.deleted_at = datetime.now(UTC)
+        await self.snapshots.delete(tenant_id, snapshot_id)
 
     async def fork(
         self,
@@ -536,109 +240,13 @@ class Sandboxes:
         if too_large is not None:
             raise too_large
         await self.admission.cpu(principal)
-        async with self._sessions() as session:
-            specs = await session.scalars(
-                select(Sandbox.spec).where(
-                    Sandbox.tenant_id == principal.tenant_id,
-                    Sandbox.state.in_([s.value for s in LIVE]),
-                )
-            )
-            live = [Ask.of(spec or {}) for spec in specs]
-        refusal = totals_refusal(principal.quota, live, ask)
+        held = await self.records.held(principal.tenant_id)
+        refusal = totals_refusal(principal.quota, held, ask)
         if refusal is not None:
             raise refusal
 
     # --- reconciliation ---------------------------------------------------------------
     async def sync(self) -> None:
-        """Make the records of live sandboxes and the nodes' inventories agree, then meter
-        their usage."""
-        reports = {n.node_id: n for n in await self._catalogue.nodes() if n.address}
-        async with self._sessions() as session:
-            rows = list(
-                (
-                    await session.scalars(
-                        select(Sandbox).where(Sandbox.state.in_([s.value for s in LIVE]))
-                    )
-                ).all()
-            )
-        by_node: dict[str | None, list[Sandbox]] = {}
-        for row in rows:
-            by_node.setdefault(row.node_id, []).append(row)
-        now = datetime.now(UTC)
-        readings_of: list[dict[str, Any]] = []
-        for node_id, report in reports.items():
-            if not report.sandbox_backends:
-                continue
-            try:
-                inventory = await self._client(report).inventory()
-            except CorralError as exc:
-                log.warning("node %s: no sandbox inventory (%s)", node_id, exc.message)
-                continue
-            held = {s.sandbox_id: s for s in inventory.sandboxes}
-            live_ids = {row.id for row in by_node.get(node_id, [])}
-            for row in by_node.get(node_id, []):
-                status = held.get(row.id)
-                if status is not None:
-                    if status.state.value != row.state:
-                        await self._apply(row, status)
-                    elif status.cpu_ms is not None and status.cpu_ms != row.cpu_ms:
-                        readings_of.append(
-                            {
-                                "id": row.id,
-                                "cpu_ms": status.cpu_ms,
-                                "memory_bytes": status.memory_bytes,
-                            }
-                        )
-                elif (
-                    row.state != SandboxState.CREATING.value or now - row.created_at > CREATE_GRACE
-                ):
-                    await self._update(row.id, state="stopped", reason="lost", ended_at=now)
-            for sandbox_id, status in held.items():
-                if sandbox_id not in live_ids and status.state is not SandboxState.STOPPED:
-                    known = await self._is_recorded_live(sandbox_id)
-                    if not known:
-                        log.warning(
-                            "sandbox=%s on %s has no live record: destroying", sandbox_id, node_id
-                        )
-                        try:
-                            await self._client(report).destroy(sandbox_id)
-                        except CorralError as exc:
-                            log.warning("sandbox=%s: %s", sandbox_id, exc.message)
-        for node_id in list(self._absent_since):
-            if node_id in reports:
-                del self._absent_since[node_id]
-        for holder, node_rows in by_node.items():
-            if holder is None or holder in reports:
-                continue
-            absent = self._absent_since.setdefault(holder, now)
-            if now - absent < LOST_AFTER:
-                continue
-            for row in node_rows:
-                if now - row.created_at > CREATE_GRACE or row.state != "creating":
-                    log.warning("sandbox=%s: its node %s is gone; lost", row.id, holder)
-                    await self._update(row.id, state="stopped", reason="lost", ended_at=now)
-        await self._store_readings(readings_of)
-        await self.meter()
-
-    async def _store_readings(self, values: list[dict[str, Any]]) -> None:
-        """The nodes' latest CPU and memory readings of live sandboxes, into their records
-        in one transaction (the daily CPU quota reads them: ``app.quotas.readings``)."""
-        if not values:
-            return
-        async with self._sessions() as session, session.begin():
-            await session.execute(update(Sandbox), values)
-
-    async def _is_recorded_live(self, sandbox_id: str) -> bool:
-        async with self._sessions() as session:
-            row = await session.get(Sandbox, sandbox_id)
-        return row is not None and row.state in {s.value for s in LIVE}
-
-
-async def _take_turn(session: AsyncSession, tenant_id: str) -> None:
-    """Wait for the tenant's other admissions (of sandboxes, of snapshots) to commit, and
-    hold the others back until this transaction ends: a lock on the tenant's row on
-    PostgreSQL (one that does not block the rows that refer to it). SQLite has one writer:
-    the row written next takes its lock, which serializes the same way."""
-    await session.execute(
-        select(Tenant.id).where(Tenant.id == tenant_id).with_for_update(key_share=True)
-    )
+        """The leader's ``sandboxes`` job: records and nodes agree, usage metered
+        (``app.sandboxes.sync``)."""
+        await self.reconciler.run()

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from wire.sandboxes import MAX_PAGE, ExecResult, FileEntry, NetworkPolicy
+from wire.sandboxes import MAX_PAGE, FileEntry, NetworkPolicy
 
 _ENV_KEY = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 _BACKEND = r"^[a-z][a-z0-9_-]{0,15}$"
@@ -103,7 +103,7 @@ class SandboxQuery(_Body):
     """Filters of ``GET /v1/sandboxes``, every one must match; and ``metadata.KEY=VALUE``
     parameters (any number, each key once): the sandbox's metadata has KEY set to VALUE."""
 
-    state: Literal["creating", "running", "paused", "stopped", "live"] | None = Field(
+    state: Literal["creating", "running", "paused", "stopping", "stopped", "live"] | None = Field(
         "live", description="live: creating, running or paused"
     )
     backend: str | None = Field(None, pattern=_BACKEND)
@@ -138,6 +138,12 @@ class ExecBody(_Body):
     stdin: str | None = Field(None, max_length=16 << 20)
     timeout_s: float | None = Field(60.0, gt=0, le=86400)
     stream: bool = Field(False, description="answer NDJSON events as they come")
+    binary: bool = Field(
+        False,
+        description="also give the output's exact bytes, base64 (stdout_b64 and stderr_b64; "
+        "in a stream, data_b64 of each output event); without it they are given only where "
+        "the output is not valid UTF-8",
+    )
 
     @model_validator(mode="after")
     def _one_command(self) -> ExecBody:
@@ -149,8 +155,36 @@ class ExecBody(_Body):
         return self.cmd if self.cmd is not None else ["/bin/sh", "-c", self.command or ""]
 
 
-class ExecOut(ExecResult):
-    pass
+class ExecOut(BaseModel):
+    """A whole command's outcome; its output as text, and as bytes where text would not
+    carry them exactly (``app.sandboxes.output``)."""
+
+    pid: int | None = None
+    exit_code: int | None = Field(description="None when a signal killed it")
+    signal: int | None = None
+    timed_out: bool = False
+    duration_ms: float
+    stdout: str = Field("", description="UTF-8 decoded; an invalid byte is U+FFFD")
+    stderr: str = Field("", description="UTF-8 decoded; an invalid byte is U+FFFD")
+    stdout_b64: str | None = Field(
+        None, description="the exact bytes, base64, when they are not valid UTF-8 or asked"
+    )
+    stderr_b64: str | None = Field(
+        None, description="the exact bytes, base64, when they are not valid UTF-8 or asked"
+    )
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    error: str | None = Field(None, description="why the command could not start")
+
+
+class ExecOutputEvent(BaseModel):
+    """An output event of a streamed exec: text of whole characters, and its exact bytes
+    when they are not valid UTF-8 or asked."""
+
+    kind: Literal["output"] = "output"
+    stream: Literal["stdout", "stderr"]
+    data: str
+    data_b64: str | None = None
 
 
 class SnapshotOut(BaseModel):

@@ -70,17 +70,19 @@ class FakeProcess(Process):
         code: int | None = 0
         timed_out = False
         if cmd == "echo":
-            yield ExecOutput(stream="stdout", data=" ".join(args) + "\n")
+            yield ExecOutput(stream="stdout", data=(" ".join(args) + "\n").encode())
         elif cmd == "cat":
             data = self._sandbox.files.get(rooted.normalise(args[0], home="/home/user"))
             if data is None:
-                yield ExecOutput(stream="stderr", data=f"cat: {args[0]}: No such file\n")
+                yield ExecOutput(stream="stderr", data=f"cat: {args[0]}: No such file\n".encode())
                 code = 1
             else:
-                yield ExecOutput(stream="stdout", data=data.decode(errors="replace"))
+                yield ExecOutput(stream="stdout", data=data)
         elif cmd == "env":
             env = {**self._sandbox.spec.env, **self._request.env}
-            yield ExecOutput(stream="stdout", data="".join(f"{k}={v}\n" for k, v in env.items()))
+            yield ExecOutput(
+                stream="stdout", data="".join(f"{k}={v}\n" for k, v in env.items()).encode()
+            )
         elif cmd == "exit":
             code = int(args[0])
         elif cmd == "sleep":
@@ -89,7 +91,7 @@ class FakeProcess(Process):
             except TimeoutError:
                 timed_out, code = True, None
         else:
-            yield ExecOutput(stream="stderr", data=f"{cmd}: command not found\n")
+            yield ExecOutput(stream="stderr", data=f"{cmd}: command not found\n".encode())
             code = 127
         yield ExecExit(
             exit_code=code,

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from corral import Corral, NoCapacity, Unavailable
+from corral import Corral, NoCapacity, Sandbox, Unavailable
 from tests.app.routes.test_sandboxes import add_busybox
 from tests.conftest import ADMIN
 
@@ -25,6 +25,14 @@ class SandboxServer:
     def tenant(self, name: str, **quota: Any) -> str:
         """A new tenant's API key."""
         return new_tenant(self.url, name, **quota)
+
+
+def until_stopped(sbx: Sandbox) -> str:
+    """The sandbox's state once its teardown, after a kill's answer, is recorded."""
+    deadline = time.monotonic() + 10
+    while sbx.refresh().state != "stopped" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return sbx.state
 
 
 def new_tenant(url: str, name: str, **quota: Any) -> str:

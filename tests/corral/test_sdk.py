@@ -6,6 +6,7 @@ anything else answers 127 on stderr (which tells what argv reached it)."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 import corral
 from corral import AsyncCorral, Corral
 from tests.conftest import free_port
-from tests.corral.server import SandboxServer, start
+from tests.corral.server import SandboxServer, start, until_stopped
 
 
 @pytest.fixture
@@ -60,9 +61,10 @@ def test_a_sandbox_from_creation_to_kill(client: Corral) -> None:
     again = client.sandboxes.get(sbx.id)
     assert again.id == sbx.id and again.info.memory_bytes == 1 << 20
 
-    sbx.kill()
-    assert sbx.state == "stopped" and sbx.info.reason == "destroyed"
-    assert sbx.refresh().state == "stopped"
+    sbx.kill()  # acknowledged at once, torn down right after
+    assert sbx.state == "stopping" and sbx.info.reason == "destroyed"
+    assert sbx.info.ended_at is not None
+    assert until_stopped(sbx) == "stopped"
     sbx.kill()  # a stopped sandbox: nothing to do
     assert client.sandboxes.list() == []
     assert [s.id for s in client.sandboxes.list("stopped")] == [sbx.id]
@@ -89,7 +91,20 @@ def test_files(client: Corral) -> None:
         assert [e.name for e in sbx.files.list("/home/user")] == []
         with pytest.raises(ValueError, match="permission bits"):
             sbx.files.write("/x", b"", mode=0o17777)
-    assert sbx.state == "stopped"  # the block's end destroyed it
+    assert sbx.state == "stopping"  # the block's end destroyed it
+
+
+def test_exec_gives_the_exact_bytes_of_output_that_is_not_text(client: Corral) -> None:
+    sbx = client.sandboxes.create("python", backend="fake")
+    noise = b"\xff\xfe\x00" + os.urandom(4096)
+    sbx.files.write("/home/user/noise", noise)
+    whole = sbx.exec(["cat", "noise"])
+    assert whole.stdout_bytes == noise and whole.stdout == noise.decode(errors="replace")
+    seen: list[str] = []
+    streamed = sbx.exec(["cat", "noise"], on_stdout=seen.append)
+    assert streamed.stdout_bytes == noise and "".join(seen) == streamed.stdout
+    text = sbx.exec(["echo", "café"])
+    assert text.stdout == "café\n" and text.stdout_bytes == "café\n".encode()
 
 
 def test_a_listing_in_pages_is_gathered_by_the_sdk(
@@ -221,6 +236,6 @@ async def test_the_async_client(server: SandboxServer) -> None:
             listed = await sdk.sandboxes.list()
             assert [s.id for s in listed] == [sbx.id]
             assert (await sdk.sandboxes.get(sbx.id)).state == "running"
-        assert sbx.state == "stopped"
+        assert sbx.state == "stopping"  # destroyed: acknowledged
         with pytest.raises(corral.NotFound):
             await sdk.sandboxes.get("sbx_nope")

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from app.cli import main
 from corral import Corral
 from tests.app.routes.test_sandboxes_crun import python_images_dir
-from tests.corral.server import new_tenant, wait_for_sandboxes
+from tests.corral.server import new_tenant, until_stopped, wait_for_sandboxes
 from tests.runtimes.sandboxes.conftest import leftovers
 
 pytestmark = [pytest.mark.crun, pytest.mark.slow]
@@ -28,44 +28,45 @@ def test_python_through_the_sdk_and_the_cli(
     url = live_server(sandbox_backends=["crun"], images_dir=python_images_dir())
     wait_for_sandboxes(url, new_tenant(url, "warm-up"), "crun")
     key = new_tenant(url, "crun-sdk")
-    with Corral(url, key) as client, client.sandboxes.create("python", memory_mb=256) as sbx:
-        ran = sbx.exec(["python3", "-c", "import sys; print(sys.version_info[:2])"])
-        assert ran.ok and ran.stdout == "(3, 11)\n", ran
+    with Corral(url, key) as client:
+        with client.sandboxes.create("python", memory_mb=256) as sbx:
+            ran = sbx.exec(["python3", "-c", "import sys; print(sys.version_info[:2])"])
+            assert ran.ok and ran.stdout == "(3, 11)\n", ran
 
-        arrivals: list[tuple[float, str]] = []
-        result = sbx.exec(
-            ["python3", "-c", STREAMED],
-            on_stdout=lambda data: arrivals.append((time.monotonic(), data)),
-        )
-        returned = time.monotonic()
-        assert result.ok and result.stdout == "first\nlast\n"
-        assert "".join(data for _, data in arrivals) == "first\nlast\n"
-        seen, first_line_at = "", returned
-        for at, data in arrivals:  # the chunks are cut wherever the writes were
-            seen += data
-            if "first\n" in seen:
-                first_line_at = min(first_line_at, at)
-        assert returned - first_line_at > 1.0  # the first line came while it still ran
+            arrivals: list[tuple[float, str]] = []
+            result = sbx.exec(
+                ["python3", "-c", STREAMED],
+                on_stdout=lambda data: arrivals.append((time.monotonic(), data)),
+            )
+            returned = time.monotonic()
+            assert result.ok and result.stdout == "first\nlast\n"
+            assert "".join(data for _, data in arrivals) == "first\nlast\n"
+            seen, first_line_at = "", returned
+            for at, data in arrivals:  # the chunks are cut wherever the writes were
+                seen += data
+                if "first\n" in seen:
+                    first_line_at = min(first_line_at, at)
+            assert returned - first_line_at > 1.0  # the first line came while it still ran
 
-        entry = sbx.files.write("/home/user/run.sh", "#!/bin/sh\necho ran $1\n", mode=0o755)
-        assert entry.mode == 0o755 and entry.owner == "1000"
-        assert sbx.exec("./run.sh x").stdout == "ran x\n"
+            entry = sbx.files.write("/home/user/run.sh", "#!/bin/sh\necho ran $1\n", mode=0o755)
+            assert entry.mode == 0o755 and entry.owner == "1000"
+            assert sbx.exec("./run.sh x").stdout == "ran x\n"
 
-        env = {"CORRAL_URL": url, "CORRAL_API_KEY": key}
-        cli = CliRunner().invoke(
-            main,
-            [
-                "sandbox",
-                "exec",
-                sbx.id,
-                "--",
-                "python3",
-                "-c",
-                "import sys; print(6 * 7); sys.exit(4)",
-            ],
-            env=env,
-        )
-        assert (cli.exit_code, cli.stdout) == (4, "42\n"), cli.output
-        sandbox_id = sbx.id
-    assert sbx.state == "stopped"
+            env = {"CORRAL_URL": url, "CORRAL_API_KEY": key}
+            cli = CliRunner().invoke(
+                main,
+                [
+                    "sandbox",
+                    "exec",
+                    sbx.id,
+                    "--",
+                    "python3",
+                    "-c",
+                    "import sys; print(6 * 7); sys.exit(4)",
+                ],
+                env=env,
+            )
+            assert (cli.exit_code, cli.stdout) == (4, "42\n"), cli.output
+            sandbox_id = sbx.id
+        assert until_stopped(sbx) == "stopped"  # killed at the block's end, torn down
     assert leftovers(tmp_path / "data", sandbox_id) == []

@@ -4,7 +4,9 @@ sandbox made without a spawner, by ``crun exec`` of ``corral-init exec CMD``.
 Either way the command gets a session of its own, so its whole tree (children
 and grandchildren that did not start sessions of their own) is found by session id in
 the sandbox's cgroup and signalled together: on timeout, on ``signal``, and on kill.
-Output is read from the pipes as it comes; each stream keeps the request's cap and
+Output is read from the pipes as it comes and passed on as the bytes read (never decoded
+here: a character split between two reads, or output that is not text, must reach the
+caller whole; ``wire.sandboxes.ExecOutput``); each stream keeps the request's cap and
 counts what it dropped. Past its cap a stream is drained by the kernel (``discard``:
 spliced to /dev/null), not read. Output waits for its consumer: at most
 ``QUEUED_OUTPUTS`` chunks are queued, and ``pause_output`` (the process table, when
@@ -138,9 +140,8 @@ class CrunProcess(Process):
             self._dropped[name] += len(chunk) - len(kept)
             if kept:
                 self._kept[name] += len(kept)
-                text = kept.decode("utf-8", "replace")
                 await self._room.acquire()
-                self._queue.put_nowait(ExecOutput(stream=name, data=text))
+                self._queue.put_nowait(ExecOutput(stream=name, data=kept))
             elif (transport := _pipe_transport(stream)) is not None:
                 # past the cap (a whole chunk dropped): the kernel drains the rest
                 self._discarding.add(name)

@@ -81,6 +81,7 @@ def test_models_define_the_expected_tables() -> None:
         "snapshots",
         "console_sessions",
         "dead_letters",
+        "sandbox_totals",
     }
     assert expected == MODEL_TABLES
 
@@ -90,7 +91,7 @@ async def test_upgrade_downgrade_upgrade(engine: AsyncEngine) -> None:
 
     await upgrade(engine, "head")
     assert await _tables(engine) == MODEL_TABLES | {"alembic_version"}
-    assert await _revision(engine) == "0011"
+    assert await _revision(engine) == "0013"
 
     await downgrade(engine, "base")
     assert await _tables(engine) == {"alembic_version"}
@@ -98,7 +99,7 @@ async def test_upgrade_downgrade_upgrade(engine: AsyncEngine) -> None:
 
     await upgrade(engine, "head")
     assert await _tables(engine) == MODEL_TABLES | {"alembic_version"}
-    assert await _revision(engine) == "0011"
+    assert await _revision(engine) == "0013"
 
 
 async def test_upgrade_is_idempotent(engine: AsyncEngine) -> None:

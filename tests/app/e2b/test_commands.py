@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+import json
+import os
+import struct
 import time
 from datetime import UTC, datetime
 
@@ -16,6 +20,7 @@ from e2b import (
     TimeoutException,
 )
 
+from runtimes.sandboxes.crun.process import READ_CHUNK
 from tests.app.e2b.conftest import Corral
 
 pytestmark = [pytest.mark.crun, pytest.mark.slow]
@@ -79,6 +84,47 @@ def test_commands_run_with_output_envs_cwd_and_exit_codes(corral: Corral) -> Non
         assert failed.value.exit_code == 3 and failed.value.stderr == "bad\n"
     finally:
         sbx.kill()
+
+
+def test_command_output_is_the_bytes_the_command_wrote(corral: Corral) -> None:
+    """A character cut by the node's 64 KiB reads reaches the SDK whole; envd's stream
+    carries bytes that are not text exactly (the SDK itself only answers text)."""
+    split = b"a" * (READ_CHUNK - 1) + "€".encode() * 100_000
+    noise = os.urandom(300_000)
+    sbx = Sandbox.create(template="python", timeout=120)
+    try:
+        sbx.files.write("/home/user/split", split)
+        sbx.files.write("/home/user/noise", noise)
+        assert sbx.commands.run("cat split").stdout == split.decode()
+        assert _envd_stdout(corral, sbx.sandbox_id, "cat noise") == noise
+    finally:
+        sbx.kill()
+
+
+def _envd_stdout(corral: Corral, sandbox_id: str, command: str) -> bytes:
+    """What envd's process stream says a command wrote on stdout (Connect's JSON codec:
+    enveloped messages, bytes as base64)."""
+    message = json.dumps({"process": {"cmd": "/bin/bash", "args": ["-l", "-c", command]}})
+    body = struct.pack(">BI", 0, len(message)) + message.encode()
+    answer = httpx.post(
+        f"{corral.url}/process.Process/Start",
+        content=body,
+        headers={
+            "content-type": "application/connect+json",
+            "E2b-Sandbox-Id": sandbox_id,
+            "X-Access-Token": corral.key,
+        },
+        timeout=60,
+    )
+    assert answer.status_code == 200, answer.text
+    stdout, data = b"", answer.content
+    while data:
+        flags, size = struct.unpack(">BI", data[:5])
+        event = json.loads(data[5 : 5 + size]).get("event", {})
+        data = data[5 + size :]
+        if not flags and "data" in event:
+            stdout += base64.b64decode(event["data"].get("stdout", ""))
+    return stdout
 
 
 def test_background_commands_are_listed_fed_reconnected_and_killed(corral: Corral) -> None:

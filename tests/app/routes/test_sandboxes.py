@@ -5,12 +5,15 @@ Redis); real containers (crun) cover it on the embedded default."""
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from starlette.testclient import TestClient
 
@@ -69,6 +72,17 @@ def create(client: TestClient, headers: dict[str, str], **body: Any) -> dict[str
     return response.json()
 
 
+def stopped_soon(client: httpx.Client, headers: dict[str, str], sandbox_id: str) -> dict[str, Any]:
+    """The sandbox once its teardown (after a destroy's answer) has been recorded."""
+    deadline = time.monotonic() + 10
+    while True:
+        shown = client.get(f"/v1/sandboxes/{sandbox_id}", headers=headers).json()
+        if shown["state"] == "stopped" or time.monotonic() > deadline:
+            assert shown["state"] == "stopped", shown
+            return dict(shown)
+        time.sleep(0.01)
+
+
 def test_create_use_and_destroy_through_the_api(
     sandbox_client: TestClient, tenant: dict[str, Any]
 ) -> None:
@@ -104,10 +118,41 @@ def test_create_use_and_destroy_through_the_api(
     assert refused.status_code == 409 and refused.json()["error"]["code"] == "sandbox_not_running"
     assert client.post(f"{one}/resume", headers=headers).json()["state"] == "running"
     gone = client.delete(one, headers=headers).json()
-    assert gone["state"] == "stopped" and gone["reason"] == "destroyed" and gone["ended_at"]
-    assert client.get(one, headers=headers).json()["state"] == "stopped"
+    assert gone["state"] == "stopping" and gone["reason"] == "destroyed"  # acknowledged
     after = client.post(f"{one}/exec", json={"cmd": ["echo"]}, headers=headers)
     assert after.status_code == 409
+    stopped = stopped_soon(client, headers, sbx["id"])
+    assert stopped["reason"] == "destroyed" and stopped["ended_at"]
+
+
+def test_exec_answers_text_and_the_exact_bytes_where_text_would_not_carry_them(
+    sandbox_client: TestClient, tenant: dict[str, Any]
+) -> None:
+    client, headers = sandbox_client, tenant["headers"]
+    one = f"/v1/sandboxes/{create(client, headers)['id']}"
+    noise = b"\xff\xfe\x00" + os.urandom(4096)
+    for name, data in (("noise", noise), ("text", "café €\n".encode())):
+        path = f"/home/user/{name}"
+        put = client.put(f"{one}/files", params={"path": path}, content=data, headers=headers)
+        assert put.status_code == 200, put.text
+
+    def run(name: str, **body: Any) -> dict[str, Any]:
+        ran = client.post(f"{one}/exec", json={"cmd": ["cat", name], **body}, headers=headers)
+        assert ran.status_code == 200, ran.text
+        return dict(ran.json())
+
+    binary = run("noise")
+    assert base64.b64decode(binary["stdout_b64"]) == noise
+    assert binary["stdout"] == noise.decode(errors="replace")
+    text = run("text")
+    assert text["stdout"] == "café €\n" and text["stdout_b64"] is None
+    assert base64.b64decode(run("text", binary=True)["stdout_b64"]) == "café €\n".encode()
+    streamed = client.post(
+        f"{one}/exec", json={"cmd": ["cat", "noise"], "stream": True}, headers=headers
+    )
+    events = [json.loads(line) for line in streamed.text.splitlines()]
+    output = [e for e in events if e["kind"] == "output"]
+    assert b"".join(base64.b64decode(e["data_b64"]) for e in output) == noise
 
 
 def test_the_quota_of_live_sandboxes_holds(

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import base64
+import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -11,6 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
+import corral
+from runtimes.sandboxes.crun.process import READ_CHUNK
+from tests.app.routes.test_sandboxes import stopped_soon
 from tests.conftest import ADMIN
 from tests.requirements import missing
 from tests.runtimes.sandboxes.conftest import leftovers
@@ -71,8 +77,61 @@ def test_a_python_sandbox_through_a_real_server(
         record = api.get(one).json()
         assert record["state"] == "running" and record["memory_bytes"] > 0
         assert record["timings"]["start_ms"] > 0
-        assert api.delete(one).json()["state"] == "stopped"
+        assert api.delete(one).json()["state"] == "stopping"  # acknowledged
+        stopped_soon(api, {}, sbx["id"])  # torn down
     assert leftovers(tmp_path / "data", sbx["id"]) == []
+
+
+def test_exec_output_through_a_real_server_is_exact(
+    live_server: Callable[..., str], tmp_path: Path
+) -> None:
+    """A character cut by the node's 64 KiB reads, and bytes that are not text, through
+    the whole answer, a stream and the SDK."""
+    url = live_server(sandbox_backends=["crun"], images_dir=python_images_dir())
+    made = httpx.post(f"{url}/v1/tenants", json={"name": "crun-bytes"}, headers=ADMIN).json()
+    key = made["key"]["api_key"]
+    with corral.Corral(url, key) as sdk:
+        sbx = _created(lambda: sdk.sandboxes.create("python", memory_mb=256))
+        try:
+            _exact_output(url, key, sbx)
+        finally:
+            sbx.kill()
+
+
+def _exact_output(url: str, key: str, sbx: corral.Sandbox) -> None:
+    split = b"a" * (READ_CHUNK - 1) + "€".encode() * 100_000
+    noise = os.urandom(300_000)
+    for name, data in (("split", split), ("noise", noise)):
+        sbx.files.write(f"/home/user/{name}", data)
+    with httpx.Client(base_url=url, timeout=60) as api:
+        api.headers["authorization"] = f"Bearer {key}"
+        one = f"/v1/sandboxes/{sbx.id}/exec"
+        text = api.post(one, json={"cmd": ["cat", "split"]}).json()
+        assert text["stdout"] == split.decode() and text["stdout_b64"] is None
+        binary = api.post(one, json={"cmd": ["cat", "noise"]}).json()
+        assert base64.b64decode(binary["stdout_b64"]) == noise
+        streamed = api.post(one, json={"cmd": ["cat", "split", "noise"], "stream": True})
+        events = [json.loads(line) for line in streamed.iter_lines()]
+        output = [e for e in events if e["kind"] == "output"]
+        assert "".join(e["data"] for e in output).startswith(split.decode())
+        joined = b"".join(
+            base64.b64decode(e["data_b64"]) if e["data_b64"] else e["data"].encode() for e in output
+        )
+        assert joined == split + noise
+    assert sbx.exec(["cat", "split"]).stdout == split.decode()
+    assert sbx.exec(["cat", "noise"], on_stdout=lambda _: None).stdout_bytes == noise
+
+
+def _created(make: Callable[[], corral.Sandbox]) -> corral.Sandbox:
+    """A sandbox, once the embedded node's first report has come."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            return make()
+        except corral.NodeUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def test_a_network_allow_list_through_a_real_server(
@@ -160,6 +219,8 @@ def test_hostile_programs_in_python_sandboxes_through_a_real_server(
         assert probed["stdout"].splitlines() == ["ConnectionRefusedError", "[]"], probed
         assert api.get("/v1/sandboxes").status_code == 200  # the server kept serving
         for one in (vandal, bystander):
-            assert api.delete(one).json()["state"] == "stopped"
+            gone = api.delete(one).json()
+            assert gone["state"] == "stopping"
+            stopped_soon(api, {}, gone["id"])
     for r in ids:
         assert leftovers(tmp_path / "data", r.json()["id"]) == []

@@ -112,9 +112,11 @@ def test_a_destroyed_sandbox_is_metered_up_to_its_end_and_no_further(
     run(client, older)
     assert _meter(client, started + timedelta(seconds=40)) == 1
     gone = client.delete(f"/v1/sandboxes/{sbx['id']}", headers=headers).json()
-    assert gone["state"] == "stopped"  # its last interval was recorded as it stopped
+    assert gone["state"] == "stopping" and gone["ended_at"]  # acknowledged: ended now
+    run(client, services_of(client).sandboxes.drain)  # the teardown
+    assert _row(client, sbx["id"]).state == "stopped"  # its last interval recorded then
     ended = _row(client, sbx["id"]).ended_at
-    assert ended is not None
+    assert ended is not None and ended == datetime.fromisoformat(gone["ended_at"])
     assert _meter(client, ended + timedelta(hours=1)) == 0
 
     events = _events(client, sbx["id"])
@@ -124,6 +126,26 @@ def test_a_destroyed_sandbox_is_metered_up_to_its_end_and_no_further(
     assert sum(e.instance_seconds for e in events) == pytest.approx(
         (ended - started).total_seconds()
     )
+
+
+def test_a_destroy_ends_the_charge_when_it_is_acknowledged_however_long_its_teardown(
+    sandbox_client: TestClient, tenant: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, headers = sandbox_client, tenant["headers"]
+    sbx = create(client, headers)
+    sandboxes = services_of(client).sandboxes
+    monkeypatch.setattr(
+        sandboxes.teardowns, "spawn", lambda work, name: work.close()
+    )  # not torn down
+    gone = client.delete(f"/v1/sandboxes/{sbx['id']}", headers=headers).json()
+    ended = datetime.fromisoformat(gone["ended_at"])
+    assert _meter(client, ended + timedelta(hours=1)) == 1  # the leader's pass, much later
+    assert _meter(client, ended + timedelta(hours=2)) == 0
+    row = _row(client, sbx["id"])
+    assert (row.state, row.metered_until) == ("stopping", ended)
+    events = _events(client, sbx["id"])
+    _contiguous(events, row.started_at)  # type: ignore[arg-type]
+    assert events[-1].occurred_at == ended
 
 
 def test_a_paused_sandbox_is_metered_for_the_memory_it_holds(
@@ -143,7 +165,10 @@ def test_sandbox_usage_is_rolled_up_and_counts_toward_the_daily_cpu(
     client, headers = sandbox_client, tenant["headers"]
     sbx = create(client, headers)
     cpu_ms = client.get(f"/v1/sandboxes/{sbx['id']}", headers=headers).json()["cpu_ms"]
-    assert cpu_ms  # the fake backend reads some CPU time
+    assert cpu_ms  # the fake backend reads some CPU time (the GET shows it, stores nothing)
+    assert _row(client, sbx["id"]).cpu_ms is None
+    run(client, services_of(client).sandboxes.sync)  # stores the node's reading
+    assert _row(client, sbx["id"]).cpu_ms == cpu_ms
     started = _row(client, sbx["id"]).started_at
     assert started is not None
     assert _meter(client, started + timedelta(seconds=10)) == 1

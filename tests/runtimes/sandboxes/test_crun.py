@@ -67,10 +67,10 @@ async def test_a_command_runs_as_the_user_with_its_env_cwd_and_exit_code(
         ["sh", "-c", "id -u; pwd; echo $FROM_SPEC $X; echo oops >&2; exit 3"],
         env={"X": "x"},
     )
-    assert result.stdout.split() == ["1000", "/home/user", "s", "x"]
-    assert result.stderr == "oops\n" and result.exit_code == 3
+    assert result.stdout.decode().split() == ["1000", "/home/user", "s", "x"]
+    assert result.stderr.decode() == "oops\n" and result.exit_code == 3
     root = await run(crun, "sbx-cmd", ["id", "-u"], user="root", cwd="/tmp")
-    assert root.stdout.strip() == "0"
+    assert root.stdout.decode().strip() == "0"
     missing = await run(crun, "sbx-cmd", ["no-such-command"])
     assert missing.exit_code == 127
 
@@ -78,7 +78,7 @@ async def test_a_command_runs_as_the_user_with_its_env_cwd_and_exit_code(
 async def test_state_persists_between_commands(crun: CrunBackend, busybox_image: RootImage) -> None:
     await crun.create(spec("sbx-state"), busybox_image)
     await run(crun, "sbx-state", ["sh", "-c", "echo kept > /home/user/note"])
-    assert (await run(crun, "sbx-state", ["cat", "/home/user/note"])).stdout == "kept\n"
+    assert (await run(crun, "sbx-state", ["cat", "/home/user/note"])).stdout.decode() == "kept\n"
 
 
 async def test_a_timeout_kills_the_whole_session_background_children_too(
@@ -90,7 +90,7 @@ async def test_a_timeout_kills_the_whole_session_background_children_too(
     )
     assert result.timed_out and result.signal == signal.SIGKILL
     ps = await run(crun, "sbx-timeout", ["ps", "-o", "args"])
-    assert "sleep 30" not in ps.stdout, ps.stdout
+    assert "sleep 30" not in ps.stdout.decode(), ps.stdout.decode()
 
 
 async def test_output_is_capped_and_a_flood_does_not_stall(
@@ -100,7 +100,9 @@ async def test_output_is_capped_and_a_flood_does_not_stall(
     result = await run(
         crun, "sbx-flood", ["sh", "-c", "yes | head -c 5000000"], max_output_bytes=10_000
     )
-    assert result.exit_code == 0 and len(result.stdout) == 10_000 and result.stdout_truncated
+    assert (
+        result.exit_code == 0 and len(result.stdout.decode()) == 10_000 and result.stdout_truncated
+    )
 
 
 async def test_files_written_read_listed_moved_removed(
@@ -109,7 +111,7 @@ async def test_files_written_read_listed_moved_removed(
     await crun.create(spec("sbx-files"), busybox_image)
     entry = await write_file(crun, "sbx-files", "/home/user/a/b.txt", b"hello")
     assert entry.size == 5 and entry.owner == "1000"
-    assert (await run(crun, "sbx-files", ["cat", "a/b.txt"])).stdout == "hello"
+    assert (await run(crun, "sbx-files", ["cat", "a/b.txt"])).stdout.decode() == "hello"
     await run(crun, "sbx-files", ["sh", "-c", "echo from-inside > /home/user/c.txt"])
     assert await read_file(crun, "sbx-files", "/home/user/c.txt") == b"from-inside\n"
     page = await crun.list_dir("sbx-files", "/home/user", user="user", depth=2)
@@ -157,7 +159,7 @@ async def test_pause_freezes_and_resume_thaws(crun: CrunBackend, busybox_image: 
         await crun.exec("sbx-pause", ExecRequest(cmd=["true"]), default_user="user")
     assert cgroup_file("freezer", "sbx-pause", "freezer.state").strip() == "FROZEN"
     await crun.resume("sbx-pause")
-    assert (await run(crun, "sbx-pause", ["echo", "back"])).stdout == "back\n"
+    assert (await run(crun, "sbx-pause", ["echo", "back"])).stdout.decode() == "back\n"
 
 
 async def test_a_pause_returns_only_once_busy_processes_are_frozen(
@@ -229,7 +231,7 @@ async def test_a_node_restart_finds_the_sandboxes_it_left(
     second = CrunBackend(tmp_path / "data")
     try:
         assert "sbx-survivor" in await second.start()
-        assert (await run(second, "sbx-survivor", ["echo", "still"])).stdout == "still\n"
+        assert (await run(second, "sbx-survivor", ["echo", "still"])).stdout.decode() == "still\n"
     finally:
         await second.destroy("sbx-survivor")
     assert leftovers(tmp_path / "data", "sbx-survivor") == []
@@ -282,7 +284,9 @@ async def test_crun_that_cannot_run_here_falls_back_to_runc_and_says_so(
         assert backend.runtime == "runc"
         assert "runc" in caplog.text and "crun is not installed" in caplog.text
         await backend.create(spec("sbx-fallback"), busybox_image)
-        assert (await run(backend, "sbx-fallback", ["echo", "on runc"])).stdout == "on runc\n"
+        assert (
+            await run(backend, "sbx-fallback", ["echo", "on runc"])
+        ).stdout.decode() == "on runc\n"
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # neither
     with pytest.raises(BackendUnavailable, match="crun is not installed"):
         await CrunBackend(tmp_path / "data").start()
@@ -300,7 +304,7 @@ async def test_commands_come_from_the_sandboxs_init_which_nothing_inside_can_rea
             ["sh", "-c", "grep CapEff /proc/self/status; ls /proc/self/fd; cat /proc/self/stat"],
             user=user,
         )
-        lines = seen.stdout.splitlines()
+        lines = seen.stdout.decode().splitlines()
         assert lines[0].split()[1] == effective, (user, lines)
         assert sorted(lines[1:-1]) == ["0", "1", "2", "3"], lines  # 3: ls's own directory
         fields = lines[-1].rsplit(")", 1)[1].split()
@@ -310,7 +314,9 @@ async def test_commands_come_from_the_sandboxs_init_which_nothing_inside_can_rea
         "sbx-spawn",
         ["sh", "-c", "ls -l /proc/1/fd 2>&1; find / -xdev -type s 2>/dev/null; echo done"],
     )
-    assert "socket" not in hunt.stdout and "spawn" not in hunt.stdout, hunt.stdout
+    assert "socket" not in hunt.stdout.decode() and "spawn" not in hunt.stdout.decode(), (
+        hunt.stdout.decode()
+    )
 
 
 async def test_a_sandbox_without_a_spawner_runs_commands_through_the_runtime(
@@ -319,7 +325,7 @@ async def test_a_sandbox_without_a_spawner_runs_commands_through_the_runtime(
     await crun.create(spec("sbx-old"), busybox_image)
     (crun.root / "sbx-old" / "spawn.sock").unlink()  # as a sandbox made before it existed
     result = await run(crun, "sbx-old", ["sh", "-c", "id -u; exit 4"])
-    assert result.stdout == "1000\n" and result.exit_code == 4
+    assert result.stdout.decode() == "1000\n" and result.exit_code == 4
 
 
 async def test_a_watched_directory_reports_what_its_sandbox_does(

@@ -63,15 +63,17 @@ async def test_root_inside_is_an_unprivileged_host_uid_of_a_range_no_other_sandb
         user_uid, _ = await host_ids_of_a_command(crun, sandbox_id, "user")
         assert root_uid >= 1 << 16 and root_gid == root_uid  # never host root, nor a host user
         assert user_uid == root_uid + 1000
-        mapped = (await run(crun, sandbox_id, ["cat", "/proc/self/uid_map"])).stdout.split()
+        mapped = (
+            (await run(crun, sandbox_id, ["cat", "/proc/self/uid_map"])).stdout.decode().split()
+        )
         assert mapped == ["0", str(root_uid), str(SIZE)]
         firsts.append(root_uid)
     assert abs(firsts[0] - firsts[1]) >= SIZE  # disjoint ranges
     # inside, the ids are the image's own
     listing = await run(crun, "sbx-ns-a", ["stat", "-c", "%u:%g", "/home/user", "/etc/passwd"])
-    assert listing.stdout.split() == ["1000:1000", "0:0"]
+    assert listing.stdout.decode().split() == ["1000:1000", "0:0"]
     created = await run(crun, "sbx-ns-a", ["sh", "-c", "echo x > /tmp/f; stat -c %u /tmp/f"])
-    assert created.stdout.strip() == "1000"
+    assert created.stdout.decode().strip() == "1000"
 
 
 async def test_the_image_serves_every_range_and_stays_as_it_was(
@@ -86,7 +88,7 @@ async def test_the_image_serves_every_range_and_stays_as_it_was(
         user="root",
     )
     owners = await run(crun, "sbx-img", ["stat", "-c", "%u", "/etc/passwd", "/etc/group"])
-    assert owners.stdout.split() == ["0", "1000"]  # copied up, owned as inside
+    assert owners.stdout.decode().split() == ["0", "1000"]  # copied up, owned as inside
     after = os.stat(busybox_image.rootfs / "etc" / "passwd")
     assert (after.st_uid, after.st_size, after.st_mtime) == (
         before.st_uid,
@@ -124,7 +126,7 @@ async def test_a_snapshot_keeps_the_ids_of_inside_and_a_sandbox_of_another_range
     )
     await crun.create(spec("sbx-snap-dst"), image)
     seen = await run(crun, "sbx-snap-dst", ["stat", "-c", "%u", "/home/user/kept", "/root/r"])
-    assert seen.stdout.split() == ["1000", "0"]
+    assert seen.stdout.decode().split() == ["1000", "0"]
     edited = await run(crun, "sbx-snap-dst", ["sh", "-c", "echo more >> /home/user/kept"])
     assert edited.exit_code == 0  # the user still owns its file
     source = await host_ids_of_a_command(crun, "sbx-snap-src", "user")
@@ -158,8 +160,8 @@ async def test_per_user_kernel_limits_count_per_sandbox(
     # the hog's own uid is past the soft limit: its next pipe is cut to one page or two
     own = await run(crun, "sbx-pipes-a", ["python3", "-c", size])
     other = await run(crun, "sbx-pipes-b", ["python3", "-c", size])
-    assert int(own.stdout) < 65536, own
-    assert int(other.stdout) == 65536, other
+    assert int(own.stdout.decode()) < 65536, own
+    assert int(other.stdout.decode()) == 65536, other
     assert isinstance(hogging, CrunProcess)
     await hogging.kill()
 
@@ -184,10 +186,10 @@ async def test_root_inside_cannot_take_over_the_sandboxs_init(
     }
     for name, attack in attacks.items():
         result = await run(crun, "sbx-init", ["python3", "-c", attack], user="root")
-        assert result.exit_code == 1 and "PermissionError" in result.stderr, (name, result)
+        assert result.exit_code == 1 and "PermissionError" in result.stderr.decode(), (name, result)
     # the review's wedge: after all of it, commands still start
     for _ in range(3):
-        assert (await run(crun, "sbx-init", ["echo", "still"])).stdout == "still\n"
+        assert (await run(crun, "sbx-init", ["echo", "still"])).stdout.decode() == "still\n"
     own = await run(
         crun,
         "sbx-init",
@@ -198,7 +200,7 @@ async def test_root_inside_cannot_take_over_the_sandboxs_init(
         ],
         user="root",
     )
-    assert own.stdout == "ok\n"  # a process may still set its own limits
+    assert own.stdout.decode() == "ok\n"  # a process may still set its own limits
 
 
 async def test_root_inside_sees_no_host_wide_kernel_maps_identifiers_or_paths(
@@ -215,8 +217,8 @@ async def test_root_inside_sees_no_host_wide_kernel_maps_identifiers_or_paths(
         "/proc/sys/kernel/random/boot_id",
     ):
         read = await run(crun, "sbx-host", ["sh", "-c", f"cat {path} | wc -c"], user="root")
-        assert read.stdout.strip() == "0", (path, read)
-    mountinfo = (await run(crun, "sbx-host", ["cat", "/proc/self/mountinfo"])).stdout
+        assert read.stdout.decode().strip() == "0", (path, read)
+    mountinfo = (await run(crun, "sbx-host", ["cat", "/proc/self/mountinfo"])).stdout.decode()
     for host_path in (str(tmp_path), str(crun.root), str(crun.init_binary.parent), "/run/corral"):
         assert host_path not in mountinfo, host_path
     assert str(busybox_image.rootfs) not in mountinfo
@@ -228,11 +230,17 @@ async def test_memory_and_cpus_read_in_proc_are_the_sandboxs_own(
     if not crun.lxcfs.serving:
         missing("lxcfs does not serve here (scripts/setup-sandboxes.sh installs it)")
     await crun.create(spec("sbx-figures", memory_mb=96, cpu=1.0), busybox_image)
-    meminfo = (await run(crun, "sbx-figures", ["head", "-1", "/proc/meminfo"])).stdout.split()
+    meminfo = (
+        (await run(crun, "sbx-figures", ["head", "-1", "/proc/meminfo"])).stdout.decode().split()
+    )
     assert meminfo[:3] == ["MemTotal:", str(96 * 1024), "kB"]
-    online = (await run(crun, "sbx-figures", ["cat", "/sys/devices/system/cpu/online"])).stdout
+    online = (
+        await run(crun, "sbx-figures", ["cat", "/sys/devices/system/cpu/online"])
+    ).stdout.decode()
     assert online.strip() == "0"  # one CPU's quota: one CPU
-    cpus = (await run(crun, "sbx-figures", ["grep", "-c", "^processor", "/proc/cpuinfo"])).stdout
+    cpus = (
+        await run(crun, "sbx-figures", ["grep", "-c", "^processor", "/proc/cpuinfo"])
+    ).stdout.decode()
     assert cpus.strip() == "1"
 
 
@@ -257,7 +265,7 @@ async def test_all_sandboxes_together_stay_within_the_nodes_sandbox_memory(
                     for name in ("sbx-share-a", "sbx-share-b")
                 )
             )
-            assert all("done" in r.stdout for r in results)  # the shells lived to say so
+            assert all("done" in r.stdout.decode() for r in results)  # the shells lived to say so
             kills = 0
             for name in ("sbx-share-a", "sbx-share-b"):
                 control = (group / name / "memory.oom_control").read_text()

@@ -165,7 +165,7 @@ async def test_snapshots_carry_files_and_deletions_across_a_chain(
 
     async def sh(sandbox_id: str, line: str) -> str:
         process = await m.exec(sandbox_id, ExecRequest(cmd=["sh", "-c", line], user="root"))
-        return (await collect(process.events())).stdout
+        return (await collect(process.events())).stdout.decode()
 
     m = manager(tmp_path, CrunBackend(tmp_path / "data"), Clock(), busybox_image)
     await m.start()
@@ -236,7 +236,7 @@ async def test_a_create_claims_a_warm_paused_sandbox_with_its_own_limits(
         assert cgroup_file("memory", claimed, "memory.limit_in_bytes").strip() == str(96 << 20)
         assert cgroup_file("pids", claimed, "pids.max").strip() == "48"
         process = await m.exec("sbx-claimed", ExecRequest(cmd=["sh", "-c", "id -u; echo $E"]))
-        assert (await collect(process.events())).stdout.split() == ["1000", "1"]
+        assert (await collect(process.events())).stdout.decode().split() == ["1000", "1"]
         await m.destroy("sbx-claimed")
         assert not (tmp_path / "data" / "sandboxes" / "sbx-claimed").exists()
         assert leftovers(tmp_path / "data", claimed) == []

@@ -54,7 +54,7 @@ async def test_an_exec_printing_10_mib_then_exit_3_returns_3_truncated(
     result = await collect(process.events())
     assert result.exit_code == 3 and result.signal is None and not result.timed_out
     assert result.stdout_truncated and len(result.stdout) == 4 << 20  # the default cap
-    assert result.stderr == "done\n" and not result.stderr_truncated
+    assert result.stderr.decode() == "done\n" and not result.stderr_truncated
 
 
 async def test_an_unread_flood_past_the_cap_is_drained_by_the_kernel(
@@ -125,7 +125,7 @@ async def test_an_unread_background_yes_blocks_in_write_and_costs_the_node_nothi
         got = 0
         while got < 4 * BUFFER_BYTES:  # reading lets it write again, past the buffer
             event = await anext(later)
-            assert isinstance(event, ExecOutput) and set(event.data) <= {"y", "\n"}
+            assert isinstance(event, ExecOutput) and set(event.data) <= set(b"y\n")
             got += len(event.data)
         await later.aclose()
         await table.signal("sbx-bg", running.pid, 9)
