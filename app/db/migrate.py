@@ -18,6 +18,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import migrations
@@ -41,16 +42,38 @@ _MIGRATION_LOCK_KEY = 0x636F7272616C  # "corral"
 
 
 async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
+    """Migrate to ``revision``. A database already at this release's head (the usual
+    start-up of every gateway but the first) costs one query: no lock is taken and
+    Alembic's revision scripts are not run (``at_head``)."""
+
     def _upgrade(conn: Connection) -> None:
         cfg = alembic_config()
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
 
+    if revision == "head" and await at_head(engine):
+        log.info("database schema already at head")
+        return
     async with _sqlite_file_lock(engine), engine.begin() as conn:
         if conn.dialect.name == "postgresql":
             await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATION_LOCK_KEY})
         await conn.run_sync(_upgrade)
     log.info("database schema at %s", revision)
+
+
+async def at_head(engine: AsyncEngine) -> bool:
+    """Whether the database's revisions are exactly this release's heads, read in one
+    query of ``alembic_version``. Migrations only move a schema forward and the version
+    row is written in the same transaction as the schema change, so a database that
+    reads as at head needs nothing, whoever else is starting; anything else (no table
+    yet, an older or a newer revision) takes the locked path of ``upgrade``."""
+    try:
+        async with engine.connect() as conn:
+            rows = await conn.execute(text("SELECT version_num FROM alembic_version"))
+            current = frozenset(str(row[0]) for row in rows)
+    except DBAPIError:  # no alembic_version table: never migrated
+        return False
+    return current == _script_revisions()[0]
 
 
 @contextlib.asynccontextmanager

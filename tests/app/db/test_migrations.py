@@ -16,7 +16,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.engine import make_engine
-from app.db.migrate import downgrade, upgrade
+from app.db.migrate import at_head, downgrade, upgrade
 from app.db.models import Base
 from app.settings import Settings
 
@@ -106,6 +106,26 @@ async def test_upgrade_is_idempotent(engine: AsyncEngine) -> None:
     await upgrade(engine)
     await upgrade(engine)
     assert await _tables(engine) == MODEL_TABLES | {"alembic_version"}
+
+
+async def test_a_database_at_head_is_not_migrated_again(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every gateway start but the first finds the schema at head: one query says so, and
+    Alembic's upgrade (its scripts, the lock) does not run."""
+    assert not await at_head(engine)
+    await upgrade(engine, "0009")
+    assert not await at_head(engine)
+    await upgrade(engine)
+    assert await at_head(engine)
+    head = await _revision(engine)
+
+    def refuse(*_args: Any, **_kwargs: Any) -> None:
+        raise AssertionError("a database at head was migrated again")
+
+    monkeypatch.setattr("app.db.migrate.command.upgrade", refuse)
+    await upgrade(engine)
+    assert head is not None and await _revision(engine) == head
 
 
 async def test_no_drift_between_models_and_migrations(engine: AsyncEngine) -> None:
