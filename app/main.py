@@ -7,7 +7,9 @@ one is configured, and closes them in reverse order.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import AsyncIterator
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -28,6 +30,14 @@ from app.services import open_services
 from app.settings import Settings
 
 VERSION = "0.1.0"
+
+
+@functools.cache
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI document, built once per process: it depends only on the endpoint
+    records (no setting changes it), and building it walks every schema model (most of
+    an app's construction). Shared by every app of the process: read, never changed."""
+    return build(ENDPOINTS, title="Corral", version=VERSION)
 
 
 def create_app(settings: Settings | None = None, *, with_node: bool = True) -> Starlette:
@@ -64,6 +74,6 @@ def create_app(settings: Settings | None = None, *, with_node: bool = True) -> S
         ],
         lifespan=lifespan,
     )
-    app.state.openapi = build(ENDPOINTS, title="Corral", version=VERSION)
+    app.state.openapi = openapi_document()
     app.state.settings = settings
     return app
