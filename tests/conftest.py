@@ -4,13 +4,23 @@
 cluster stack (PostgreSQL, Redis Streams). The servers are started by
 ``scripts/services.sh`` (``make test`` does it); without them the cluster cases skip,
 unless CORRAL_TEST_REQUIRE_SERVICES=1, where they fail.
+
+Migrations run once per test session, not once per gateway: the
+gateways of ``make_settings`` (so ``client``, ``live_server`` and every test that builds
+its own) start on a copy of a migrated SQLite file, and the cluster case of ``stack`` on
+a PostgreSQL database at head with empty tables (``tests/databases.py``: made once per
+session, reset per test); the app then finds its schema at head in one query
+(``app.db.migrate.at_head``). ``postgres_url`` is an empty database, for the tests of
+migrations themselves and of processes that migrate.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +31,7 @@ from starlette.testclient import TestClient
 from app.main import create_app
 from app.settings import Settings
 from runtimes.node.settings import NodeSettings
+from tests.databases import Databases, migrate, url_of
 from tests.requirements import missing, require_crun, require_nsjail
 
 ADMIN_KEY = "test-admin-key-" + "x" * 24
@@ -45,26 +56,47 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         require_crun()
 
 
-@pytest.fixture
-def postgres_url() -> Iterator[str]:
-    """A fresh, empty PostgreSQL database, dropped afterwards."""
-    import asyncpg
-
-    server = _service_url("CORRAL_TEST_POSTGRES_URL")
-    name = "corral_t_" + secrets.token_hex(6)
-
-    async def admin(sql: str) -> None:
-        conn = await asyncpg.connect(server)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
+@pytest.fixture(scope="session")
+def databases() -> Iterator[Databases]:
+    """This session's PostgreSQL databases (``tests/databases.py``), dropped at its end."""
+    pool = Databases(_service_url("CORRAL_TEST_POSTGRES_URL"))
     try:
-        yield server.rsplit("/", 1)[0] + "/" + name
+        yield pool
     finally:
-        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        pool.close()
+
+
+@pytest.fixture
+def postgres_url(databases: Databases) -> Iterator[str]:
+    """An empty PostgreSQL database, used by this test alone."""
+    name = databases.acquire("empty")
+    try:
+        yield url_of(databases.server, name)
+    finally:
+        databases.release("empty", name)
+
+
+@pytest.fixture
+def migrated_postgres_url(databases: Databases) -> Iterator[str]:
+    """A PostgreSQL database at head with empty tables, used by this test alone."""
+    name = databases.acquire("migrated")
+    try:
+        yield url_of(databases.server, name)
+    finally:
+        databases.release("migrated", name)
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite database file migrated to head once for the session, for gateways'
+    data dirs to start from a copy of (``make_settings``)."""
+    import sqlite3
+
+    path = tmp_path_factory.mktemp("sqlite-template") / "corral.db"
+    asyncio.run(migrate(f"sqlite+aiosqlite:///{path}"))
+    with contextlib.closing(sqlite3.connect(path)) as conn:  # all of it in the one file
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return path
 
 
 @pytest.fixture
@@ -101,15 +133,25 @@ def node_settings(data_dir: Path, **overrides: Any) -> NodeSettings:
 
 
 @pytest.fixture
-def make_settings(tmp_path: Path) -> Callable[..., Settings]:
+def make_settings(tmp_path: Path, sqlite_template: Path) -> Callable[..., Settings]:
     """Gateway settings for tests; node-only settings (``runtimes``, ``node_slots``, ...)
     go to the embedded node's settings, shared ones (``images_dir``) to both; ``node``
-    replaces the embedded node's settings whole."""
+    replaces the embedded node's settings whole.
+
+    The default data dir (no ``data_dir``, no ``database_url``) gets a copy of the
+    session's migrated database the first time, so its gateway does not run the
+    migrations again; a data dir the test chooses is left as the test made it."""
+    default_dir = tmp_path / "data"
 
     def make(**overrides: Any) -> Settings:
         node = {k: overrides.pop(k) for k in list(overrides) if k in NODE_ONLY}
         node |= {k: overrides[k] for k in SHARED & set(overrides)}
-        data_dir = overrides.get("data_dir", tmp_path / "data")
+        data_dir = overrides.get("data_dir", default_dir)
+        database = default_dir / "corral.db"
+        default_db = data_dir == default_dir and not overrides.get("database_url")
+        if default_db and not database.exists():
+            default_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            shutil.copyfile(sqlite_template, database)
         values: dict[str, Any] = {
             "dev_mode": True,
             "admin_key": ADMIN_KEY,
@@ -134,7 +176,7 @@ def stack(request: pytest.FixtureRequest) -> dict[str, Any]:
     if request.param == "embedded":
         return {}
     return {
-        "database_url": request.getfixturevalue("postgres_url"),
+        "database_url": request.getfixturevalue("migrated_postgres_url"),
         "redis_url": request.getfixturevalue("redis_url"),
     }
 
