@@ -6,6 +6,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test` (tests/groups.py: which tests share one); 0: in-process
+TEST_WORKERS ?= 3
 
 .PHONY: help run test lint format clean
 
@@ -37,7 +39,7 @@ test: $(STAMP)
 	@bash scripts/setup-sandboxes.sh
 	@bash scripts/setup-console.sh --browser
 	@set -a; eval "$$(bash scripts/services.sh)"; set +a; \
-	  CORRAL_TEST_REQUIRE_SERVICES=1 $(VENV)/bin/pytest $(PYTEST_ARGS)
+	  CORRAL_TEST_REQUIRE_SERVICES=1 $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check app corral runtimes wire migrations deploy tests bench functions

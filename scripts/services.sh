@@ -51,4 +51,4 @@ if ! "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT"; then
 fi
 
 echo "CORRAL_TEST_POSTGRES_URL=postgresql://postgres@127.0.0.1:$PG_PORT/postgres"
-echo "CORRAL_TEST_REDIS_URL=redis://127.0.0.1:$REDIS_PORT/0"
+echo "CORRAL_TEST_REDIS_URL=redis://127.0.0.1:$REDIS_PORT/${CORRAL_TEST_REDIS_DB:-0}"

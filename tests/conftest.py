@@ -5,13 +5,17 @@ cluster stack (PostgreSQL, Redis Streams). The servers are started by
 ``scripts/services.sh`` (``make test`` does it); without them the cluster cases skip,
 unless CORRAL_TEST_REQUIRE_SERVICES=1, where they fail.
 
-Migrations run once per test session, not once per gateway: the
+Migrations run once per test session (per xdist worker), not once per gateway: the
 gateways of ``make_settings`` (so ``client``, ``live_server`` and every test that builds
 its own) start on a copy of a migrated SQLite file, and the cluster case of ``stack`` on
 a PostgreSQL database at head with empty tables (``tests/databases.py``: made once per
 session, reset per test); the app then finds its schema at head in one query
 (``app.db.migrate.at_head``). ``postgres_url`` is an empty database, for the tests of
 migrations themselves and of processes that migrate.
+
+The suite runs in parallel under pytest-xdist (``make test``: ``--dist loadgroup``):
+each worker has its own Redis database and its own databases, and ``tests/groups.py``
+keeps the tests that need something of the host's exclusively on one worker.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from app.main import create_app
 from app.settings import Settings
 from runtimes.node.settings import NodeSettings
 from tests.databases import Databases, migrate, url_of
+from tests.groups import assign_group, name_for_xdist
 from tests.requirements import missing, require_crun, require_nsjail
 
 ADMIN_KEY = "test-admin-key-" + "x" * 24
@@ -54,6 +59,28 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         require_nsjail()
     if item.get_closest_marker("crun") is not None:
         require_crun()
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """The group of tests this one must share a worker with, as soon as it is collected:
+    xdist reads the groups in its own ``pytest_collection_modifyitems``, which may run
+    before any of this conftest's."""
+    assign_group(item)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker of ``--dist loadgroup``, after xdist's own hook: the ids that
+    carry the groups to the scheduler (``tests.groups.name_for_xdist``)."""
+    if getattr(config.option, "loadgroup", False):
+        for item in items:
+            name_for_xdist(item)
+
+
+def worker_index() -> int:
+    """This xdist worker's number (``gw3``: 3), or -1 outside xdist."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else -1
 
 
 @pytest.fixture(scope="session")
@@ -99,12 +126,29 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def _redis_for_worker(url: str) -> str:
+    """Under xdist, worker N's own Redis database: the URL's database (0 if it names
+    none) + N + 1, so that CI on database 0 uses 1, 2, ... and a session given 10 uses
+    11, 12, ...; ``redis_url`` flushes its database, which must not be another worker's."""
+    index = worker_index()
+    if index < 0:
+        return url
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    base = int(parts.path.strip("/") or 0)
+    db = base + index + 1
+    if db >= 16:  # Redis's default `databases`
+        raise RuntimeError(f"xdist worker {index} would need Redis database {db} (of 0..15)")
+    return urlunsplit(parts._replace(path=f"/{db}"))
+
+
 @pytest.fixture
 def redis_url() -> Iterator[str]:
-    """The test Redis, flushed before and after."""
+    """The test Redis (this worker's database), flushed before and after."""
     import redis
 
-    url = _service_url("CORRAL_TEST_REDIS_URL")
+    url = _redis_for_worker(_service_url("CORRAL_TEST_REDIS_URL"))
     client = redis.Redis.from_url(url)
     client.flushdb()
     try:
