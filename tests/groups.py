@@ -100,5 +100,10 @@ def name_for_xdist(item: pytest.Item) -> None:
     from _pytest.nodeid import NodeId
 
     name = str(marker.args[0] if marker.args else marker.kwargs.get("name", "default"))
-    if not item.nodeid.endswith("@" + name):
-        item._id = NodeId.parse(f"{item.nodeid}@{name}")
+    old = item._id
+    if item.nodeid.endswith("@" + name) or not old.names:
+        return
+    # the suffix after the parameters, all of it in the last name: the id then reads the
+    # same after a round trip through a report (path, names and params, rejoined)
+    last = old.names[-1] + ("" if old.params is None else f"[{old.params}]") + "@" + name
+    item._id = NodeId(path=old.path, names=(*old.names[:-1], last))
