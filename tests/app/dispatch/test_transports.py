@@ -291,14 +291,16 @@ async def test_work_flows_again_after_redis_loses_everything(redis_url: str) -> 
         await gw.dispatch(job(9, gw.gateway_id), node_id="node-a", hold_s=60, queue_s=60)
         await take(node, "node-a")
         await read_nothing(gw)
-        await redis.flushall()  # restarted without persistence
+        # restarted without persistence: everything of this test's database, the one the
+        # transports use (FLUSHALL emptied every database: those of the other xdist workers)
+        await redis.flushdb()
         await gw.dispatch(job(10, gw.gateway_id), node_id="node-a", hold_s=60, queue_s=60)
         (delivery,) = await take(node, "node-a")
         assert delivery.job.invocation_id == "inv_10"
         assert await node.claim(delivery, started("node-a", delivery.job), incarnation="i") is (
             Claim.OK
         )
-        await redis.flushall()
+        await redis.flushdb()
         await node.finish(delivery, finished("node-a", delivery))  # recreates the stream
         (entry,) = await read(gw, 1)
         assert isinstance(entry.event, Finished)
