@@ -55,7 +55,7 @@ async def box(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[C
 async def sh(backend: CrunBackend, sandbox_id: str, script: str, user: str = "user") -> str:
     result = await run(backend, sandbox_id, ["sh", "-c", script], user=user)
     assert result.exit_code == 0, result
-    return result.stdout
+    return result.stdout.decode()
 
 
 def shmem(sandbox_id: str) -> int:
@@ -86,7 +86,7 @@ async def test_the_reviews_symlinks_are_the_users_permission_denied(
         await read_file(box, "sbx-deputy", "/home/user/answer.txt")
     assert await sh(box, "sbx-deputy", "cat /etc/passwd", "root") == passwd
     assert await sh(box, "sbx-deputy", "stat -c '%u %g %a' /etc/passwd", "root") == "0 0 644\n"
-    assert (await run(box, "sbx-deputy", ["id", "-u"])).stdout == "1000\n"
+    assert (await run(box, "sbx-deputy", ["id", "-u"])).stdout.decode() == "1000\n"
     # root may, as root may inside
     assert await read_file(box, "sbx-deputy", "/home/user/answer.txt", user="root") == b"hidden\n"
 
@@ -254,7 +254,7 @@ async def test_an_init_that_does_not_answer_fails_calls_and_commands_in_bounded_
     finally:
         os.kill(init, signal.SIGCONT)
     assert (await box.stat("sbx-silent", "/tmp", user="user")).type.value == "dir"
-    assert (await run(box, "sbx-silent", ["echo", "back"])).stdout == "back\n"
+    assert (await run(box, "sbx-silent", ["echo", "back"])).stdout.decode() == "back\n"
 
 
 async def test_a_sandbox_out_of_processes_refuses_file_calls_clearly(
@@ -297,10 +297,10 @@ async def test_names_mean_the_images_users_whatever_the_sandbox_writes_in_its_pa
         "echo 'bob:x:2000:2000::/tmp:/bin/sh' >> /etc/passwd",
         "root",
     )
-    assert (await run(box, "sbx-passwd", ["id", "-u"])).stdout == "1000\n"
+    assert (await run(box, "sbx-passwd", ["id", "-u"])).stdout.decode() == "1000\n"
     assert (await write_file(box, "sbx-passwd", "/tmp/by-user", b"u")).owner == "1000"
     # a user the sandbox added is found in its own passwd
-    assert (await run(box, "sbx-passwd", ["id", "-u"], user="bob")).stdout == "2000\n"
+    assert (await run(box, "sbx-passwd", ["id", "-u"], user="bob")).stdout.decode() == "2000\n"
     assert (await write_file(box, "sbx-passwd", "/tmp/by-bob", b"b", user="bob")).owner == "2000"
     assert (await box.stat("sbx-passwd", "/tmp/by-bob", user="3000:3000")).owner == "2000"
     with pytest.raises(SandboxPathError, match="no user 'nobody-here'"):

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.crun
 
 
 async def still_works(crun: CrunBackend, sandbox_id: str) -> None:
-    assert (await run(crun, sandbox_id, ["echo", "alive"])).stdout == "alive\n"
+    assert (await run(crun, sandbox_id, ["echo", "alive"])).stdout.decode() == "alive\n"
 
 
 async def test_a_fork_bomb_hits_the_pids_limit(crun: CrunBackend, busybox_image: RootImage) -> None:
@@ -41,7 +41,7 @@ async def test_a_memory_bomb_is_killed_at_the_sandbox_limit(
         ["sh", "-c", "dd if=/dev/zero bs=1M count=200 | tail -c 200000000 >/dev/null; echo done"],
         timeout_s=30,
     )
-    assert "done" in result.stdout  # the shell survived to report it
+    assert "done" in result.stdout.decode()  # the shell survived to report it
     control = cgroup_file("memory", "sbx-mem", "memory.oom_control")
     kills = dict(line.split() for line in control.splitlines())
     assert int(kills["oom_kill"]) >= 1
@@ -55,7 +55,7 @@ async def test_filling_the_disk_stops_at_the_layer_size(
     result = await run(
         crun, "sbx-disk", ["sh", "-c", "dd if=/dev/zero of=/home/user/big bs=1M count=100; df -m /"]
     )
-    assert "No space left on device" in result.stderr, result
+    assert "No space left on device" in result.stderr.decode(), result
     size = (await crun.stat("sbx-disk", "/home/user/big", user="user")).size
     assert size <= 16 << 20
     usage = await crun.usage("sbx-disk")
@@ -84,7 +84,7 @@ async def test_overwriting_system_files_stays_in_that_sandbox(
     assert (busybox_image.rootfs / "etc" / "passwd").read_text().startswith("root:")
     assert (busybox_image.rootfs / "bin" / "busybox").exists()
     await still_works(crun, "sbx-bystander")
-    assert "user" in (await run(crun, "sbx-bystander", ["cat", "/etc/passwd"])).stdout
+    assert "user" in (await run(crun, "sbx-bystander", ["cat", "/etc/passwd"])).stdout.decode()
 
 
 async def test_no_network_and_no_host_loopback(crun: CrunBackend, busybox_image: RootImage) -> None:
@@ -105,7 +105,7 @@ async def test_no_network_and_no_host_loopback(crun: CrunBackend, busybox_image:
             ],
             timeout_s=10,
         )
-        assert "rc=0" not in probe.stdout and "wget=0" not in probe.stdout, probe
+        assert "rc=0" not in probe.stdout.decode() and "wget=0" not in probe.stdout.decode(), probe
         listener.settimeout(0.2)
         with pytest.raises(TimeoutError):
             listener.accept()
@@ -120,7 +120,9 @@ async def test_a_sandbox_sees_neither_the_host_nor_other_sandboxes(
     await crun.create(spec("sbx-b"), busybox_image)
     await run(crun, "sbx-b", ["sh", "-c", "echo b-private > /home/user/b.txt"])
     ps = await run(crun, "sbx-a", ["ps", "-o", "pid,args"], user="root")
-    assert len(ps.stdout.strip().splitlines()) <= 3, ps.stdout  # header, init, ps itself
+    assert len(ps.stdout.decode().strip().splitlines()) <= 3, (
+        ps.stdout.decode()
+    )  # header, init, ps itself
     found = await run(
         crun,
         "sbx-a",
@@ -131,6 +133,6 @@ async def test_a_sandbox_sees_neither_the_host_nor_other_sandboxes(
         ],
         user="root",
     )
-    assert found.stdout.strip() == "searched"
+    assert found.stdout.decode().strip() == "searched"
     hostname = await run(crun, "sbx-a", ["hostname"])
-    assert hostname.stdout.strip() == "sandbox"
+    assert hostname.stdout.decode().strip() == "sandbox"

@@ -154,7 +154,7 @@ async def test_per_user_kernel_limits_count_per_sandbox(
     )
     events = hogging.events()
     async for event in events:
-        if getattr(event, "data", "").startswith("held"):
+        if getattr(event, "data", b"").startswith(b"held"):
             break
     size = "import fcntl, os; r, w = os.pipe(); print(fcntl.fcntl(w, 1032))"  # F_GETPIPE_SZ
     # the hog's own uid is past the soft limit: its next pipe is cut to one page or two

@@ -67,7 +67,7 @@ async def fetch(backend: CrunBackend, sandbox_id: str, target: str) -> str:
         ["sh", "-c", f"nc -w 2 {host} {port} </dev/null; echo rc=$?"],
         timeout_s=15,
     )
-    return result.stdout + result.stderr
+    return result.stdout.decode() + result.stderr.decode()
 
 
 def allowing(sandbox_id: str, *allow: str) -> object:
@@ -108,7 +108,7 @@ async def test_a_sandbox_without_a_list_has_no_interface_but_loopback(
 ) -> None:
     await netted.create(spec("sbx-closed"), busybox_image)
     links = await run(netted, "sbx-closed", ["cat", "/proc/net/dev"])
-    assert "eth0" not in links.stdout and "lo:" in links.stdout
+    assert "eth0" not in links.stdout.decode() and "lo:" in links.stdout.decode()
     assert "rc=0" not in await fetch(netted, "sbx-closed", f"{outside}:8080")
 
 
@@ -148,7 +148,7 @@ async def test_a_host_name_is_resolved_pinned_and_written_to_etc_hosts(
     with host_entry(outside, "corral-outside.test"):
         await netted.create(allowing("sbx-named", "corral-outside.test:8080"), busybox_image)  # type: ignore[arg-type]
     inside = await run(netted, "sbx-named", ["cat", "/etc/hosts"])
-    assert f"{outside}\tcorral-outside.test" in inside.stdout
+    assert f"{outside}\tcorral-outside.test" in inside.stdout.decode()
     assert "hello-8080" in await fetch(netted, "sbx-named", "corral-outside.test:8080")
 
 
