@@ -42,13 +42,13 @@ test: $(STAMP)
 	  CORRAL_TEST_REQUIRE_SERVICES=1 $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check app corral runtimes wire migrations deploy tests bench functions
-	$(VENV)/bin/ruff format --check app corral runtimes wire migrations deploy tests bench functions
+	$(VENV)/bin/ruff check app corral node images common wire migrations deploy tests bench functions
+	$(VENV)/bin/ruff format --check app corral node images common wire migrations deploy tests bench functions
 	$(VENV)/bin/mypy
 
 format: $(STAMP)
-	$(VENV)/bin/ruff format app corral runtimes wire migrations deploy tests bench
-	$(VENV)/bin/ruff check --fix app corral runtimes wire migrations deploy tests bench
+	$(VENV)/bin/ruff format app corral node images common wire migrations deploy tests bench
+	$(VENV)/bin/ruff check --fix app corral node images common wire migrations deploy tests bench
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

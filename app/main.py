@@ -14,18 +14,14 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
-from app import e2b
-from app.console import routes as console
-from app.functions import artifact_routes
+from app.api.table import ENDPOINTS, routes
 from app.http.errors import HANDLERS
 from app.http.listeners import serving_keyless
 from app.http.middleware import BodySizeLimit, RequestMetrics
 from app.http.openapi import build
 from app.http.routing import TableRouter
-from app.images import routes as images
 from app.metrics import Metrics
 from app.quotas.throttles import ThrottleHeaders
-from app.routes import ENDPOINTS
 from app.services import open_services
 from app.settings import Settings
 
@@ -63,15 +59,9 @@ def create_app(settings: Settings | None = None, *, with_node: bool = True) -> S
         exception_handlers=HANDLERS,
         lifespan=lifespan,
     )
-    # the routes, looked up by their static paths first (``app.http.routing``)
+    # the routes (``app.api.table``), looked up by their static paths first (``app.http.routing``)
     app.router = TableRouter(
-        [
-            *(ep.route() for ep in ENDPOINTS),
-            *e2b.routes(),
-            *images.routes(),
-            *artifact_routes.routes(),
-            *console.routes(),
-        ],
+        routes(),
         lifespan=lifespan,
     )
     app.state.openapi = openapi_document()

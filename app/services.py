@@ -21,6 +21,7 @@ from pydantic import SecretStr
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
+from app.api.e2b.tokens import SandboxTokens, load_secret
 from app.auth.authenticator import Authenticator
 from app.auth.cache import KeyCache
 from app.auth.revocations import LocalRevocations, RedisRevocations, Revocations
@@ -33,7 +34,6 @@ from app.db.writer import BatchWriter
 from app.dispatch.inprocess import InProcessTransport
 from app.dispatch.redis import RedisGatewayTransport
 from app.dispatch.transport import GatewayTransport
-from app.e2b.tokens import SandboxTokens, load_secret
 from app.errors import Conflict
 from app.failpoints import Failpoints
 from app.functions.artifacts import ArtifactCache
@@ -59,12 +59,12 @@ from app.quotas.throttles import Throttles
 from app.sandboxes.admission import SandboxAdmission
 from app.sandboxes.service import Sandboxes
 from app.settings import Settings
-from runtimes.node.agent import NodeAgent
-from runtimes.node.main import running_node
-from runtimes.node.metrics import NodeMetrics
-from runtimes.node.redis import RedisNodeTransport
-from runtimes.node.transport import NodeTransport
-from wire.redis import connect
+from common.redis import connect
+from node.agent.agent import NodeAgent
+from node.agent.main import running_node
+from node.agent.metrics import NodeMetrics
+from node.agent.redis import RedisNodeTransport
+from node.agent.transport import NodeTransport
 
 log = logging.getLogger(__name__)
 

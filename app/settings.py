@@ -15,7 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.quotas.spec import QuotaDefaults
 from app.usage.prices import Prices
-from runtimes.node.settings import NodeSettings
+from node.settings import NodeSettings
 
 #: Admin keys that are refused outside dev mode.
 WEAK_ADMIN_KEYS = frozenset({"", "admin", "changeme", "changethis", "secret", "password", "corral"})
@@ -49,7 +49,7 @@ class Settings(DatabaseSettings):
     """Everything configurable about a gateway (the control plane).
 
     ``node`` holds the settings of the node agent that ``corral serve`` embeds; a
-    separate ``corral node`` reads ``runtimes.node.settings.NodeSettings`` alone.
+    separate ``corral node`` reads ``node.settings.NodeSettings`` alone.
     """
 
     model_config = SettingsConfigDict(env_prefix="CORRAL_", extra="ignore")
@@ -124,7 +124,7 @@ class Settings(DatabaseSettings):
     run_migrations: bool = Field(True, description="Run `alembic upgrade head` at startup.")
     images_dir: Path | None = Field(
         None,
-        description="The control plane's image store (runtimes/images), filled by `corral "
+        description="The control plane's image store (images), filled by `corral "
         "images build|import` on this host: creates resolve image names here and send "
         "nodes the digest, which nodes fetch from here when they lack it. Default: the "
         "embedded node's (<data_dir>/images), so `corral serve` keeps one store.",

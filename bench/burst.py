@@ -10,7 +10,7 @@ latencies (p50/p99/max):
 * ``new_tenant``: the tenant's first burst (its warm pool starts empty and grows);
 * ``second``: the same burst again at once (its pool has grown);
 * ``after_gap``: the same burst after ``--gap`` seconds idle (the pool shrinks while
-  idle: ``idle_timeout_s`` of ``runtimes/nsjail/config.py``).
+  idle: ``idle_timeout_s`` of ``node/fncall/nsjail/config.py``).
 
 With ``--url`` (and ``--admin-key``, ``--pid``) it measures a server already running,
 e.g. one ``make run`` started. With ``--compare REV`` the server of that commit is

@@ -54,10 +54,10 @@ def rootfs(root: Path) -> Path:
 
 async def node(mode: str, seconds: float, data_dir: Path) -> dict[str, Any]:
     """In the child: one flood in one sandbox; the node's CPU and the sandbox's over it."""
-    from runtimes.sandboxes.base import RootImage
-    from runtimes.sandboxes.crun.backend import CrunBackend
-    from runtimes.sandboxes.manager import SandboxManager
-    from runtimes.sandboxes.processes import ProcessTable
+    from node.sandboxes.base import RootImage
+    from node.sandboxes.crun.backend import CrunBackend
+    from node.sandboxes.manager import SandboxManager
+    from node.sandboxes.processes import ProcessTable
     from wire.processes import StartProcess
     from wire.sandboxes import ExecRequest, SandboxSpec, collect
 

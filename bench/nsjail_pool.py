@@ -24,8 +24,8 @@ from typing import Any
 from cost import machine_busy_s
 from stats import latency_summary
 
-from runtimes.nsjail import NsjailConfig, NsjailRuntime
-from runtimes.nsjail.command import JailCommand
+from node.fncall.nsjail import NsjailBackend, NsjailConfig
+from node.fncall.nsjail.command import JailCommand
 from wire.execution import RunResult, RunSpec
 
 
@@ -40,7 +40,7 @@ def checked(result: RunResult) -> RunResult:
     return result
 
 
-async def bench_pool(runtime: NsjailRuntime, n: int) -> dict[str, Any]:
+async def bench_pool(runtime: NsjailBackend, n: int) -> dict[str, Any]:
     spec = RunSpec(language="python", code="print(1)")
     for i in range(5):  # bind a jail to the tenant; first calls warm the page cache
         await runtime.run(spec, tenant_id="bench", invocation_id=f"warmup-{i}")
@@ -61,7 +61,7 @@ async def bench_pool(runtime: NsjailRuntime, n: int) -> dict[str, Any]:
     }
 
 
-async def bench_concurrent(runtime: NsjailRuntime, calls: int, concurrency: int) -> dict[str, Any]:
+async def bench_concurrent(runtime: NsjailBackend, calls: int, concurrency: int) -> dict[str, Any]:
     """``calls`` of ``print(1)`` (rounded down to a multiple of ``concurrency``),
     ``concurrency`` at a time, on the warm pool: calls per second, and CPU milliseconds per
     call of the machine and of this process."""
@@ -142,7 +142,7 @@ HELLO = {
 
 async def bench_languages(runs: int) -> dict[str, Any]:
     """Warm hello world per language: total, compile and run stage wall times (p50)."""
-    runtime = NsjailRuntime(NsjailConfig(warm_per_language=1))
+    runtime = NsjailBackend(NsjailConfig(warm_per_language=1))
     await runtime.start()
     out: dict[str, Any] = {}
     try:
@@ -174,7 +174,7 @@ async def bench_languages(runs: int) -> dict[str, Any]:
 
 async def main(n: int, concurrency: int | None = None, calls: int = 2400) -> dict[str, Any]:
     config = NsjailConfig(languages=["python"], warm_per_language=1)
-    runtime = NsjailRuntime(config)
+    runtime = NsjailBackend(config)
     started = time.perf_counter()
     await runtime.start()
     start_ms = (time.perf_counter() - started) * 1000

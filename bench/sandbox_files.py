@@ -175,8 +175,9 @@ def main() -> None:
         if args.compare:
             tree = export(args.compare)
             (tree / "var").symlink_to(ROOT / "var")  # the same images and guest binaries
-            guest = "deploy/sandbox/bin"  # built here, not in git
-            shutil.copytree(ROOT / guest, tree / guest, dirs_exist_ok=True)
+            guest = "node/sandboxes/guest/bin"  # built here, not in git
+            at = guest if (tree / "node").is_dir() else Path("deploy", "sandbox", "bin")
+            shutil.copytree(ROOT / guest, tree / at, dirs_exist_ok=True)
             servers["before"] = serve(tree)
         sides = {name: Side(server) for name, server in servers.items()}
         result: dict[str, Any] = asyncio.run(measure(sides, args))

@@ -63,7 +63,7 @@ def release(data_dir: Path) -> None:
         subprocess.run(["umount", "-l", point], check=False)
     shutil.rmtree(data_dir / "sandboxes", ignore_errors=True)
     with contextlib.suppress(ImportError, OSError):  # an earlier commit's tree has no ranges
-        from runtimes.sandboxes.crun.uidranges import UidRanges
+        from node.sandboxes.crun.uidranges import UidRanges
 
         UidRanges().reclaim()  # the id ranges its sandboxes held (their dirs are gone)
 
@@ -554,8 +554,9 @@ def main() -> None:
     if args.compare and not args.url:
         tree = export(args.compare)
         (tree / "var").symlink_to(ROOT / "var")  # the same images and guest binaries
-        guest = "deploy/sandbox/bin"  # built here, not in git
-        shutil.copytree(ROOT / guest, tree / guest, dirs_exist_ok=True)
+        guest = "node/sandboxes/guest/bin"  # built here, not in git
+        at = guest if (tree / "node").is_dir() else Path("deploy", "sandbox", "bin")
+        shutil.copytree(ROOT / guest, tree / at, dirs_exist_ok=True)
         warm = args.compare_warm
         servers = {"after": serve(warm), "before": serve(warm, tree)}
         try:

@@ -43,12 +43,15 @@ def build_fib(out_dir: Path) -> Path:
 
 
 def child(module: Path, calls: int, concurrency: int, warmup: int) -> dict[str, Any]:
-    """In the child: check that the tree's own ``runtimes`` was imported, then measure."""
-    import runtimes
+    """In the child: check that the tree's own data plane was imported, then measure."""
+    try:
+        import node as plane
+    except ImportError:  # a baseline from before the rename
+        import runtimes as plane  # type: ignore[no-redef]
 
     tree = Path.cwd().resolve()
-    if not Path(runtimes.__file__).resolve().is_relative_to(tree):
-        raise RuntimeError(f"runtimes imported from {runtimes.__file__}, not from {tree}")
+    if not Path(plane.__file__).resolve().is_relative_to(tree):
+        raise RuntimeError(f"the data plane imported from {plane.__file__}, not from {tree}")
     return asyncio.run(_measure(module.read_bytes(), calls, concurrency, warmup))
 
 
@@ -57,8 +60,8 @@ async def _measure(raw: bytes, calls: int, concurrency: int, warmup: int) -> dic
 
     from wasmtime import Module
 
-    from runtimes.wasm.config import WasmConfig
-    from runtimes.wasm.executor import WasmExecutor
+    from node.fncall.wasm.config import WasmConfig
+    from node.fncall.wasm.executor import WasmExecutor
     from wire.execution import RunSpec
 
     sha256 = hashlib.sha256(raw).hexdigest()

@@ -31,7 +31,7 @@ from typing import Any
 
 from stats import latency_summary
 
-from runtimes.wasm import WasmConfig, WasmRuntime
+from node.fncall.wasm import WasmBackend, WasmConfig
 from wire.execution import RunSpec
 
 C_FIB = r"""
@@ -45,7 +45,7 @@ def summary(samples_ms: list[float]) -> dict[str, Any]:
     return latency_summary(samples_ms)
 
 
-async def wait_warm(rt: WasmRuntime, want: int, timeout: float = 10.0) -> None:
+async def wait_warm(rt: WasmBackend, want: int, timeout: float = 10.0) -> None:
     for _ in range(int(timeout / 0.005)):
         if rt.stats()["warm"] >= want:
             return
@@ -53,7 +53,7 @@ async def wait_warm(rt: WasmRuntime, want: int, timeout: float = 10.0) -> None:
 
 
 async def measure(
-    rt: WasmRuntime, spec: RunSpec, expect: str, n: int, *, warm: int = 0
+    rt: WasmBackend, spec: RunSpec, expect: str, n: int, *, warm: int = 0
 ) -> dict[str, Any]:
     total: list[float] = []
     setup: list[float] = []
@@ -78,7 +78,7 @@ async def measure(
     }
 
 
-async def back_to_back(rt: WasmRuntime, spec: RunSpec, n: int) -> dict[str, Any]:
+async def back_to_back(rt: WasmBackend, spec: RunSpec, n: int) -> dict[str, Any]:
     started = time.perf_counter()
     samples: list[float] = []
     for i in range(n):
@@ -100,7 +100,7 @@ def build_c(out_dir: Path) -> bytes | None:
 
 
 @contextlib.asynccontextmanager
-async def started(rt: WasmRuntime) -> AsyncIterator[WasmRuntime]:
+async def started(rt: WasmBackend) -> AsyncIterator[WasmBackend]:
     await rt.start()
     try:
         yield rt
@@ -117,7 +117,7 @@ async def main() -> None:
     py = RunSpec(language="wasm-python", code="print(1)")
     report: dict[str, Any] = {"n": n}
 
-    def runtime(language: str, warm: int) -> WasmRuntime:
+    def runtime(language: str, warm: int) -> WasmBackend:
         # a pool pinned at ``warm`` instances (min = max): the measured demand does not
         # resize it, so ``warm=0`` really starts a fresh instance for every call
         config = WasmConfig(
@@ -126,7 +126,7 @@ async def main() -> None:
             max_warm_per_language=warm,
             languages=[language],
         )
-        return WasmRuntime(config)
+        return WasmBackend(config)
 
     async with started(runtime("wasm-python", 0)) as rt:
         for i in range(5):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The web console's assets. Idempotent and quick when done:
 #
-#  * Chart.js, from the npm registry, into app/console/static/vendor (served by the
+#  * Chart.js, from the npm registry, into app/api/console/static/vendor (served by the
 #    gateway itself: no CDN, machines may have no internet); without npm the console
 #    still works, its usage page shows the table without the chart;
 #  * with --browser (the tests): Debian's chromium, which Playwright drives.
@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CHART_JS_VERSION=4.6.1
-vendor=app/console/static/vendor
+vendor=app/api/console/static/vendor
 if [[ ! -f "$vendor/chart.js/dist/chart.umd.js" ]] || \
    ! grep -q "\"version\": \"$CHART_JS_VERSION\"" "$vendor/chart.js/package.json" 2>/dev/null; then
     if command -v npm >/dev/null; then

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepare a node's container images (runtimes/images). Idempotent; a no-op run takes well
+# Prepare a node's container images (images). Idempotent; a no-op run takes well
 # under a second.
 #
 #  * installs, via apt only, debootstrap (builds images from Debian's packages), skopeo

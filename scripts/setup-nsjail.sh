@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepare a node for the nsjail runtime (runtimes/nsjail). Idempotent; a no-op run
+# Prepare a node for the nsjail runtime (node/fncall/nsjail). Idempotent; a no-op run
 # takes well under a second.
 #
 #  * installs, via apt only, the shared library the bundled nsjail binary links against

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepare a node for the wasm runtime (runtimes/wasm). Idempotent; a no-op run takes well
+# Prepare a node for the wasm runtime (node/fncall/wasm). Idempotent; a no-op run takes well
 # under a second.
 #
 #  * installs, via apt only, clang/lld/wasi-libc (C to wasm32-wasi: the raw-module tests
@@ -12,7 +12,7 @@
 #    dependencies, and only that file is taken, after checking its SHA-256.
 #
 #  * builds CPython for `wasm-python`: the `componentize-py` dependency pre-initialises
-#    it into a component (runtimes/wasm/pycomponent, ~10 s; again only when its sources
+#    it into a component (node/fncall/wasm/pycomponent, ~10 s; again only when its sources
 #    or the tool's version changed). A node builds it itself when it is missing.
 #
 # Usage: scripts/setup-wasm.sh
@@ -70,7 +70,7 @@ fi
 import sys
 from pathlib import Path
 
-from runtimes.wasm import pycomponent
+from node.fncall.wasm import pycomponent
 
 directory = Path(sys.argv[1])
 if pycomponent.current(directory) is not None:

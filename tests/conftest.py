@@ -34,7 +34,7 @@ from starlette.testclient import TestClient
 
 from app.main import create_app
 from app.settings import Settings
-from runtimes.node.settings import NodeSettings
+from node.settings import NodeSettings
 from tests.databases import Databases, migrate, url_of
 from tests.groups import assign_group, name_for_xdist
 from tests.requirements import missing, require_crun, require_nsjail

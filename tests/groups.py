@@ -26,7 +26,7 @@ of ``GROUPS`` it needs.
 Any other test that uses a fixture built for more than one test (``scope="module"`` or
 wider, outside ``tests/conftest.py``) runs with the other tests of that fixture's scope:
 a module's tests with each other (``wasm_client``, ``verl_utils``), a package's with each
-other (the wasm interpreters compiled once per session in ``tests/runtimes/wasm``). Spread
+other (the wasm interpreters compiled once per session in ``tests/node/fncall/wasm``). Spread
 over the workers, they would build it again on each, and again on one worker whenever
 another module's test ran in between (pytest tears a module fixture down when the next
 test is another module's).

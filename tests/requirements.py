@@ -32,8 +32,8 @@ def nsjail_unusable() -> str | None:
     """Why real jails cannot run here, or None."""
     if os.geteuid() != 0:
         return "the nsjail tests need root (cgroups, uid mapping)"
-    from runtimes.nsjail import NsjailConfig
-    from runtimes.nsjail.command import nsjail_binary
+    from node.fncall.nsjail import NsjailConfig
+    from node.fncall.nsjail.command import nsjail_binary
 
     try:
         binary = nsjail_binary(NsjailConfig())
@@ -64,7 +64,7 @@ def crun_unusable() -> str | None:
         return "the crun tests need root (mounts, cgroups)"
     if shutil.which("crun") is None:
         return "crun is not installed (scripts/setup-sandboxes.sh)"
-    from runtimes.sandboxes.crun.backend import DEFAULT_INIT
+    from node.sandboxes.crun.backend import DEFAULT_INIT
 
     if not DEFAULT_INIT.exists():
         return f"{DEFAULT_INIT} is not built (scripts/setup-sandboxes.sh)"

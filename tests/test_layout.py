@@ -1,6 +1,9 @@
-"""The planes import one way: the data plane (``runtimes``) and the contracts (``wire``)
-never import the control plane (``app``), and ``wire`` imports neither plane. Checked on
-the source, every import statement, at any depth (TYPE_CHECKING blocks included)."""
+"""The planes import one way. The node (``node``) and the images (``images``) never import
+the gateway (``app``); the shared helpers (``common``) import neither plane; the contracts
+(``wire``) import nothing of either plane nor the helpers; and the node's backends (FnCall
+backends in ``node.fncall``, sandboxes, pools) never import the agent (``node.agent``) that
+drives them. Checked on the source, every import statement, at any depth (TYPE_CHECKING
+blocks included)."""
 
 from __future__ import annotations
 
@@ -12,24 +15,38 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def imported_modules(package: str) -> dict[str, set[str]]:
-    """Top-level packages imported by each file of ``package``."""
+def imported_names(package: str) -> dict[str, set[str]]:
+    """Modules imported by each file of ``package`` (a folder), by their full names."""
     found: dict[str, set[str]] = {}
     for path in sorted((ROOT / package).rglob("*.py")):
         tree = ast.parse(path.read_text(), filename=str(path))
         names: set[str] = set()
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
-                names.update(alias.name.split(".")[0] for alias in node.names)
+                names.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names.add(node.module.split(".")[0])
+                names.add(node.module)
+                names.update(f"{node.module}.{alias.name}" for alias in node.names)
         found[str(path.relative_to(ROOT))] = names
     return found
 
 
+def imported_modules(package: str) -> dict[str, set[str]]:
+    """Top-level packages imported by each file of ``package``."""
+    return {
+        path: {name.split(".")[0] for name in names}
+        for path, names in imported_names(package).items()
+    }
+
+
 @pytest.mark.parametrize(
     ("package", "forbidden"),
-    [("runtimes", {"app", "migrations"}), ("wire", {"app", "runtimes", "migrations"})],
+    [
+        ("node", {"app", "migrations"}),
+        ("images", {"app", "node", "migrations"}),
+        ("common", {"app", "node", "images", "migrations"}),
+        ("wire", {"app", "node", "images", "common", "migrations"}),
+    ],
 )
 def test_planes_import_one_way(package: str, forbidden: set[str]) -> None:
     offenders = {
@@ -40,10 +57,23 @@ def test_planes_import_one_way(package: str, forbidden: set[str]) -> None:
     assert offenders == {}
 
 
+@pytest.mark.parametrize("backends", ["node/fncall", "node/sandboxes", "node/pools"])
+def test_backends_never_import_the_agent(backends: str) -> None:
+    offenders = {
+        path: sorted(n for n in names if n == "node.agent" or n.startswith("node.agent."))
+        for path, names in imported_names(backends).items()
+    }
+    assert {path: names for path, names in offenders.items() if names} == {}
+
+
 def test_the_check_sees_imports_at_any_depth() -> None:
-    """Not vacuous: it finds the control plane's own imports of both."""
+    """Not vacuous: it finds the gateway's own imports of each, and the agent's of the
+    backends."""
     app = set().union(*imported_modules("app").values())
-    assert {"wire", "runtimes"} <= app
+    assert {"wire", "node", "images", "common"} <= app
+    agent = set().union(*imported_names("node/agent").values())
+    assert any(name.startswith("node.fncall") for name in agent)
+    assert any(name.startswith("node.sandboxes") for name in agent)
 
 
 def test_the_sdk_needs_only_httpx_and_the_standard_library() -> None:

@@ -9,7 +9,7 @@ exit code 1 and the traceback on stderr.
 
 The program's text is the same for every function (the function travels on stdin), so
 a runtime may keep it compiled: the wasm runtime's pre-initialised CPython compiles it
-once, when its snapshot is built (``runtimes.wasm.pycomponent``), which spares every call
+once, when its snapshot is built (``node.fncall.wasm.pycomponent``), which spares every call
 the 0.6 ms of compiling it again (docs/benchmarks-history.md, "Python on wasm: the driver
 compiled into the snapshot").
 """

@@ -150,7 +150,7 @@ class NodeReport(_Message):
     sandbox_backends: list[str] = Field(default_factory=list)  #: e.g. ["crun"]
     sandbox_room: int = 0  #: sandboxes it can still take
     #: memory its sandboxes may hold together (their memory limits summed; warm ones not
-    #: counted: ``runtimes.sandboxes.manager``); None: not reported
+    #: counted: ``node.sandboxes.manager``); None: not reported
     sandbox_memory_mb: int | None = None
     sandbox_memory_free_mb: int = 0  #: of that, what no live sandbox (or create) holds
     sandbox_cpu: float | None = None  #: CPU (cores) its sandboxes may hold together

@@ -1,7 +1,7 @@
 """Background processes in a sandbox: what the gateway asks of a node beyond ``exec``.
 
 An ``exec`` lives as long as its request. A process started through the node's process
-table (``runtimes.sandboxes.processes``) outlives the request that started it: it is
+table (``node.sandboxes.processes``) outlives the request that started it: it is
 listed by pid, its output can be followed again, and it can be signalled or fed stdin
 until it exits, its own timeout kills it, or the sandbox ends. The E2B compatibility
 layer's process service is built on it.

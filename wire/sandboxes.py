@@ -1,7 +1,7 @@
 """Sandbox contracts: what the gateway asks of the node that holds a sandbox.
 
 A stateful sandbox lives on one node. The gateway records it, places it, and sends every
-operation on it to that node's sandbox API (``runtimes.sandboxes.http``) with these
+operation on it to that node's sandbox API (``node.sandboxes.http``) with these
 bodies; the node's backend (crun containers today, microVMs next) does the work. JSON
 only; unknown fields are refused. Sizes in MiB, times in seconds unless named ``_ms``.
 """
@@ -42,7 +42,7 @@ class NetworkPolicy(_Message):
     PORT (TCP and UDP) is one port or all of them when left out. Nothing reaches the node
     itself, other sandboxes, loopback, link-local (cloud metadata) or multicast addresses,
     nor the node operator's denied networks, whatever the list says
-    (``runtimes.sandboxes.network``)."""
+    (``node.sandboxes.network``)."""
 
     allow: list[Annotated[str, Field(min_length=1, max_length=260)]] = Field(
         default_factory=list, max_length=64

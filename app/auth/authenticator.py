@@ -32,7 +32,7 @@ from app.errors import AdminRequired, InvalidApiKey, TenantDisabled, Unauthentic
 from app.http.endpoint import Auth
 from app.http.listeners import is_keyless
 from app.quotas.spec import QuotaLimits
-from wire.singleflight import SingleFlight
+from common.singleflight import SingleFlight
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class Authenticator:
 
     async def tenant_principal(self, tenant_id: str) -> Principal:
         """The tenant ``tenant_id`` acting through no key (a sandbox access token it was
-        handed: ``app.e2b.tokens``), cached like a key; a disabled tenant is refused."""
+        handed: ``app.api.e2b.tokens``), cached like a key; a disabled tenant is refused."""
         return await self._cached(_TENANT + tenant_id, lambda: self._tenant_lookup(tenant_id))
 
     async def _cached(self, name: str, lookup: Any) -> Principal:

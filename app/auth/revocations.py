@@ -27,8 +27,8 @@ from collections.abc import Callable
 from redis.asyncio import Redis
 
 from app.auth.cache import KeyCache
+from common.singleflight import SingleFlight
 from wire import keys
-from wire.singleflight import SingleFlight
 
 log = logging.getLogger(__name__)
 

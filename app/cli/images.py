@@ -1,5 +1,5 @@
 """``images``: build, import, list and remove this machine's container images, on the
-local store (``runtimes.images``) as the node reads it: no server involved."""
+local store (``images``) as the node reads it: no server involved."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import click
 from pydantic import ValidationError
 
 if TYPE_CHECKING:
-    from runtimes.images import Image, ImageStore, Progress
+    from images import Image, ImageStore, Progress
 
 
 @click.group()
@@ -20,8 +20,8 @@ def images() -> None:
 
 
 def _image_store() -> ImageStore:
-    from runtimes.images import ImageStore
-    from runtimes.node.settings import NodeSettings
+    from images import ImageStore
+    from node.settings import NodeSettings
 
     try:
         settings = NodeSettings()
@@ -31,7 +31,7 @@ def _image_store() -> ImageStore:
 
 
 def _progress() -> Progress:
-    from runtimes.images import Progress
+    from images import Progress
 
     return Progress(lambda line: click.echo(line, err=True))
 
@@ -63,12 +63,12 @@ def _image_line(image: Image) -> str:
 def images_build(name: str, dockerfile: Path | None, context: Path | None) -> None:
     """Build image NAME: from Debian's packages (a built-in recipe: python) or from a
     Dockerfile (-f) on top of a local image."""
-    from runtimes.images import RECIPES, ImageError
+    from images import RECIPES, ImageError
 
     try:
         store = _image_store()
         if dockerfile is not None:
-            from runtimes.images import dockerfile as df
+            from images import dockerfile as df
 
             image = df.build(
                 store,
@@ -85,7 +85,7 @@ def images_build(name: str, dockerfile: Path | None, context: Path | None) -> No
                     f"no built-in recipe {name!r} (there are: {', '.join(sorted(RECIPES))}); "
                     "give -f Dockerfile to build anything else"
                 )
-            from runtimes.images import debootstrap
+            from images import debootstrap
 
             image = debootstrap.build(store, RECIPES[name], progress=_progress())
     except ImageError as exc:
@@ -99,7 +99,7 @@ def images_build(name: str, dockerfile: Path | None, context: Path | None) -> No
 def images_import(file: Path, name: str) -> None:
     """Import FILE: an OCI image archive, a `docker save` tarball or a root filesystem
     tar (.tar, .tar.gz)."""
-    from runtimes.images import ImageError, importer
+    from images import ImageError, importer
 
     try:
         image = importer.import_file(_image_store(), file, name=name, progress=_progress())
@@ -111,7 +111,7 @@ def images_import(file: Path, name: str) -> None:
 @images.command("ls")
 def images_ls() -> None:
     """List the images: name, digest (short), size, created."""
-    from runtimes.images import ImageError
+    from images import ImageError
 
     try:
         found = _image_store().list()
@@ -127,7 +127,7 @@ def images_ls() -> None:
 def images_rm(ref: str) -> None:
     """Remove image REF: a name (the image goes with its last name) or a digest
     (sha256:..., a unique prefix will do; every name of it goes too)."""
-    from runtimes.images import ImageError
+    from images import ImageError
 
     try:
         _image_store().remove(ref)

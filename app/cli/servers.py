@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from pydantic import ValidationError
 
-from wire import lograte
+from common import lograte
 
 if TYPE_CHECKING:  # server settings are imported by the command that needs them
     from app.settings import Settings
@@ -92,8 +92,8 @@ def node(log_level: str, slots: int | None, node_port: int | None) -> None:
     """Run a node agent (data plane) alone. It needs only CORRAL_REDIS_URL: it takes work
     from there, runs it on its backends (CORRAL_RUNTIMES) and reports results there; it
     holds no database URL and no admin key. /healthz and /metrics on CORRAL_NODE_PORT."""
-    from runtimes.node.main import run_node
-    from runtimes.node.settings import NodeSettings
+    from node.agent.main import run_node
+    from node.settings import NodeSettings
 
     overrides: dict[str, Any] = {"node_slots": slots, "node_port": node_port}
     try:

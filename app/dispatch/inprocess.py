@@ -31,7 +31,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from app.dispatch.transport import Entry, GatewayTransport
-from runtimes.node.transport import Claim, Delivery, NodeTransport
+from node.agent.transport import Claim, Delivery, NodeTransport
 from wire import keys
 from wire.messages import (
     DeliveryRef,

@@ -2,7 +2,7 @@
 
 Dispatch is one MULTI: the Job onto a node's stream (or its runtime's overflow stream)
 and the execution's marker (``keys.inflight``) beside it. A node claims the marker
-before it runs the Job (``runtimes.node.redis``). The gateway's recorder reads its own
+before it runs the Job (``node.agent.redis``). The gateway's recorder reads its own
 results stream and the shared events stream in the ``RECORDER_GROUP`` group, and after
 storing what it read acknowledges and deletes the entries, acknowledges and deletes the
 Job's delivery, and removes the marker if it still holds the stored claim (one Lua

@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from app.db import functions as repo
 from app.db.models import Function, FunctionVersion
-from wire.singleflight import SingleFlight
+from common.singleflight import SingleFlight
 
 #: Versions kept; each is a small row (its artifact is cached apart, by content hash).
 MAX_VERSIONS = 4096

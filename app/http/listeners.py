@@ -33,7 +33,7 @@ import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.settings import Settings
-from runtimes.node.http import EmbeddedServer
+from node.agent.http import EmbeddedServer
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 ``corral images build|import`` on the gateway's host fills it; the gateway only reads
 it: a create's image name becomes the digest the node is sent (``digest_of``), and a
-node lacking that digest fetches it from here (``app.images.routes``). By default it is
+node lacking that digest fetches it from here (``app.api.node.images``). By default it is
 the embedded node's store, so ``corral serve`` never copies an image.
 
 A store that cannot be opened (an unwritable directory) leaves the gateway without one:
@@ -16,9 +16,9 @@ import logging
 from pathlib import Path
 
 from app.errors import ImageNotFound
-from runtimes.images.errors import ImageError
-from runtimes.images.errors import ImageNotFound as StoreImageNotFound
-from runtimes.images.store import Image, ImageStore
+from images.errors import ImageError
+from images.errors import ImageNotFound as StoreImageNotFound
+from images.store import Image, ImageStore
 from wire.images import DIGEST
 
 log = logging.getLogger(__name__)

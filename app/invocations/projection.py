@@ -1,6 +1,6 @@
 """What every answer shows of a stored invocation: its result and its phase timings.
 
-An answer is always built from the stored row (``app.routes.present`` for runs,
+An answer is always built from the stored row (``app.api.v1.present`` for runs,
 ``app.functions.outcome`` for functions), whether the row came back from the recorder
 in this process or was read from the database, so both answers are the same. ``load``
 puts back the large parts the row keeps in blobs (``app.db.outputs``); a list, or a batch

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.db import usage
 from app.db.models import Blob, Snapshot
-from wire.singleflight import SingleFlight
+from common.singleflight import SingleFlight
 
 
 async def stored_bytes(session: AsyncSession, tenant_id: str) -> int:

@@ -3,8 +3,8 @@
     every sandbox call    a token from the tenant's sandbox-calls bucket
                           (``sandbox_calls_per_second``, ``sandbox_call_burst``; a call
                           waits up to ``CALL_WAIT_S`` for one), else 429 ``rate_limited``:
-                          /v1/sandboxes and /v1/snapshots (``app.routes.sandboxes``), the
-                          E2B control plane and in-sandbox routes (``app.e2b.auth``)
+                          /v1/sandboxes and /v1/snapshots (``app.api.v1.sandboxes``), the
+                          E2B control plane and in-sandbox routes (``app.api.e2b.auth``)
     create, fork          the size of one sandbox (``size_refusal``: 422
                           ``sandbox_too_large`` naming the field), the daily CPU budget,
                           then what the live sandboxes hold together (``totals_refusal``:

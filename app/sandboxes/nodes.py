@@ -1,9 +1,9 @@
-"""The gateway's client of a node's sandbox API (``runtimes.sandboxes.http``).
+"""The gateway's client of a node's sandbox API (``node.sandboxes.http``).
 
 A node's address comes from its catalogue report: ``host:port`` (a separate node) or
 ``unix:PATH`` (the node embedded in ``corral serve``); the same requests go to both. A
 node serving in this same process is called directly, without its socket
-(``runtimes.node.local``).
+(``node.agent.local``).
 Node errors come back as the gateway's own (``app.errors``) with stable codes; a node
 that cannot be reached is ``NodeUnavailable`` (503), never a 500.
 """
@@ -42,8 +42,8 @@ from app.errors import (
     ValidationFailed,
     WatcherQuotaExceeded,
 )
-from runtimes.node import local
-from wire.logsafe import loggable
+from common.logsafe import loggable
+from node.agent import local
 from wire.processes import ProcessInfo, ProcessSignal, StartProcess
 from wire.sandboxes import (
     EXEC_EVENT,
@@ -99,7 +99,7 @@ NODE_MESSAGE_LOGGED = 300
 #: page, a tree's removal) is bounded, not the whole transfer
 FILE_TIMEOUT = httpx.Timeout(90.0, connect=5.0)
 #: an idle connection to a node is closed by us before the node would close it
-#: (``runtimes.node.http.KEEP_ALIVE_S``): else a request can meet a connection closing
+#: (``node.agent.http.KEEP_ALIVE_S``): else a request can meet a connection closing
 IDLE_CONNECTION_S = 30.0
 
 
@@ -287,7 +287,7 @@ class NodeClient:
         )
         return FileEntry.model_validate_json(response.content)
 
-    # --- background processes (runtimes.sandboxes.processes) ---------------------------
+    # --- background processes (node.sandboxes.processes) ---------------------------
     async def start_process(self, sandbox_id: str, start: StartProcess) -> AsyncIterator[ExecEvent]:
         """Start a process that outlives this stream; its events from the first."""
         path = f"/sandboxes/{sandbox_id}/processes"

@@ -95,7 +95,7 @@ class Sandboxes:
 
     async def place_of(self, sandbox_id: str) -> SandboxPlace | None:
         """Where a sandbox lives, whoever's it is (for a credential that names it:
-        ``app.e2b.auth``); None: no such sandbox."""
+        ``app.api.e2b.auth``); None: no such sandbox."""
         return await self.records.place_of(sandbox_id)
 
     async def list_sandboxes(

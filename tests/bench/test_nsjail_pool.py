@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from runtimes.nsjail import NsjailConfig, NsjailRuntime
+from node.fncall.nsjail import NsjailBackend, NsjailConfig
 from tests.requirements import require_nsjail
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +25,7 @@ def test_every_call_is_counted_and_the_jails_cost_the_machine_more_than_the_host
     require_nsjail()
 
     async def measure() -> dict[str, Any]:
-        runtime = NsjailRuntime(NsjailConfig(languages=["python"], warm_per_language=1))
+        runtime = NsjailBackend(NsjailConfig(languages=["python"], warm_per_language=1))
         await runtime.start()
         try:
             return await bench_concurrent(runtime, 203, 4)  # each call's output is checked

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from corral import Corral, NoCapacity, Sandbox, Unavailable
-from tests.app.routes.test_sandboxes import add_busybox
+from tests.app.api.v1.test_sandboxes import add_busybox
 from tests.conftest import ADMIN
 
 

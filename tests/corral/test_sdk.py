@@ -110,7 +110,7 @@ def test_exec_gives_the_exact_bytes_of_output_that_is_not_text(client: Corral) -
 def test_a_listing_in_pages_is_gathered_by_the_sdk(
     client: Corral, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from runtimes.sandboxes import http
+    from node.sandboxes import http
 
     monkeypatch.setattr(http, "MAX_PAGE", 2)  # the node (in this process) pages by two
     with client.sandboxes.create(backend="fake") as sbx:

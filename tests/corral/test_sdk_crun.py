@@ -11,9 +11,9 @@ from click.testing import CliRunner
 
 from app.cli import main
 from corral import Corral
-from tests.app.routes.test_sandboxes_crun import python_images_dir
+from tests.app.api.v1.test_sandboxes_crun import python_images_dir
 from tests.corral.server import new_tenant, until_stopped, wait_for_sandboxes
-from tests.runtimes.sandboxes.conftest import leftovers
+from tests.node.sandboxes.conftest import leftovers
 
 pytestmark = [pytest.mark.crun, pytest.mark.slow]
 

@@ -22,7 +22,7 @@ from kubernetes_validate.utils import SchemaNotFoundError, all_versions
 from pydantic import ValidationError
 
 from app.settings import Settings
-from runtimes.node.settings import NodeSettings
+from node.settings import NodeSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -246,7 +246,7 @@ def test_migrations_run_in_a_job_and_not_in_the_gateways() -> None:
 def test_the_node_runs_the_data_plane_entry_point_and_drains_before_it_is_killed() -> None:
     node = one("DaemonSet", "corral-node")
     (container,) = containers(pod_spec(node))
-    assert container["args"] in (["python", "-m", "runtimes.node"], ["corral", "node"])
+    assert container["args"] in (["python", "-m", "node.agent"], ["corral", "node"])
     drain = float(literal(container, "CORRAL_DRAIN_SECONDS"))
     assert pod_spec(node)["terminationGracePeriodSeconds"] > drain + 10
     # One agent per host name at a time: no surge.

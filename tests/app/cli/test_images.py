@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from app.cli import main
-from runtimes.images import ImageMeta, ImageStore
-from runtimes.node.settings import NodeSettings
+from images import ImageMeta, ImageStore
+from node.settings import NodeSettings
 
 
 def images(images_dir: Path, *args: str) -> Result:

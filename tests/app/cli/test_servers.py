@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from app.settings import MIN_ADMIN_KEY_LENGTH, Settings
-from runtimes.node.settings import NodeSettings
+from node.settings import NodeSettings
 from tests.app.cli.conftest import corral
 
 STRONG_KEY = "k3y-" + "Zq8" * 10

@@ -16,8 +16,8 @@ from redis.asyncio import Redis
 from app.dispatch.inprocess import InProcessTransport
 from app.dispatch.redis import RedisGatewayTransport
 from app.dispatch.transport import Entry, GatewayTransport
-from runtimes.node.redis import RedisNodeTransport
-from runtimes.node.transport import Claim, Delivery, NodeTransport
+from node.agent.redis import RedisNodeTransport
+from node.agent.transport import Claim, Delivery, NodeTransport
 from wire import keys
 from wire.execution import RunResult, RunSpec
 from wire.messages import DeliveryRef, Finished, Job, NodeReport, Started
@@ -325,7 +325,7 @@ async def test_a_delivery_whose_reply_was_lost_is_found_again(
     """Redis delivered an entry to the node but the reply never reached it (a read that
     failed and was retried): the entry sits in the node's pending list; the node's sweep
     finds it instead of leaving the execution unclaimed forever."""
-    import runtimes.node.redis as node_redis
+    import node.agent.redis as node_redis
 
     monkeypatch.setattr(node_redis, "SWEEP_S", 0.1)
     monkeypatch.setattr(node_redis, "SWEEP_IDLE_MS", 100)

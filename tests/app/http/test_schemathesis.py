@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.app.routes.test_sandboxes import add_busybox
+from tests.app.api.v1.test_sandboxes import add_busybox
 from tests.conftest import ADMIN, ADMIN_KEY, free_port
 
 pytestmark = pytest.mark.slow

@@ -33,8 +33,8 @@ from app.invocations.waiters import Waiters
 from app.metrics import Metrics
 from app.quotas.spec import QuotaLimits
 from app.settings import Settings
-from runtimes.node.redis import RedisNodeTransport
-from runtimes.node.transport import Claim, Delivery, NodeTransport
+from node.agent.redis import RedisNodeTransport
+from node.agent.transport import Claim, Delivery, NodeTransport
 from wire.execution import RunLimits, RunSpec
 from wire.messages import Job, NodeReport, Started
 

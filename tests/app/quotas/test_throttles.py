@@ -17,7 +17,7 @@ from starlette.testclient import TestClient
 from app.main import create_app
 from app.quotas.spec import OLD_PACING, PACING, QuotaLimits
 from app.settings import Settings
-from tests.app.console.test_console import sign_in
+from tests.app.api.console.test_console import sign_in
 from tests.conftest import ADMIN, ADMIN_KEY
 
 

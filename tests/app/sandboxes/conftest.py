@@ -1,4 +1,4 @@
-"""The sandbox API's fixtures (``tests.app.routes.test_sandboxes``: the embedded node on
+"""The sandbox API's fixtures (``tests.app.api.v1.test_sandboxes``: the embedded node on
 the fake backend, both stacks), with a reconciler that records no live sandbox's usage by
 itself: the tests meter at the moments they choose."""
 
@@ -11,7 +11,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from app.services import Services
-from tests.app.routes.test_sandboxes import sandbox_client, tenant
+from tests.app.api.v1.test_sandboxes import sandbox_client, tenant
 
 __all__ = ["run", "sandbox_client", "services_of", "tenant"]
 

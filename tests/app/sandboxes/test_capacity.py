@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from tests.app.routes.test_sandboxes import create
+from tests.app.api.v1.test_sandboxes import create
 from tests.app.sandboxes.conftest import run, services_of
 from tests.app.sandboxes.test_quotas import quota, refused
 

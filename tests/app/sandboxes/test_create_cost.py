@@ -16,7 +16,7 @@ from sqlalchemy import Engine, event
 from starlette.testclient import TestClient
 
 from app.schemas.sandboxes import CreateSandbox
-from tests.app.routes.test_sandboxes import create
+from tests.app.api.v1.test_sandboxes import create
 from tests.app.sandboxes.conftest import run, services_of
 from tests.app.sandboxes.test_quotas import principal
 

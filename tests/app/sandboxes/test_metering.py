@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 from app.db import usage
 from app.db.models import Sandbox, UsageEvent, UsageRollup
 from app.sandboxes import metering
-from tests.app.routes.test_sandboxes import create
+from tests.app.api.v1.test_sandboxes import create
 from tests.app.sandboxes.conftest import run, services_of
 
 

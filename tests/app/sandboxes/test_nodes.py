@@ -5,9 +5,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-import runtimes.sandboxes
+import node.sandboxes
 from app.sandboxes.nodes import _ERRORS
-from runtimes.sandboxes.base import SandboxError
+from node.sandboxes.base import SandboxError
 
 
 def _subclasses(kind: type[SandboxError]) -> set[type[SandboxError]]:
@@ -20,7 +20,7 @@ def _subclasses(kind: type[SandboxError]) -> set[type[SandboxError]]:
 def test_every_client_error_a_node_answers_reaches_the_client_as_one() -> None:
     """A code the gateway does not know becomes 503 ``node_unavailable``: right for a
     node's failure, wrong for a refusal the client must see (a 4xx)."""
-    for module in pkgutil.walk_packages(runtimes.sandboxes.__path__, "runtimes.sandboxes."):
+    for module in pkgutil.walk_packages(node.sandboxes.__path__, "node.sandboxes."):
         importlib.import_module(module.name)
     refusals = {kind.code: kind for kind in _subclasses(SandboxError) if kind.status < 500}
     assert "pause_failed" in refusals  # the walk found the backends' own errors

@@ -17,7 +17,7 @@ from starlette.testclient import TestClient
 from app.auth.principal import Principal
 from app.db.models import Sandbox, Snapshot
 from app.schemas.sandboxes import CreateSandbox
-from tests.app.routes.test_sandboxes import create
+from tests.app.api.v1.test_sandboxes import create
 from tests.app.sandboxes.conftest import run, services_of
 from tests.conftest import ADMIN
 

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.app.routes.test_sandboxes_crun import python_images_dir
+from tests.app.api.v1.test_sandboxes_crun import python_images_dir
 from tests.conftest import ADMIN
 
 pytestmark = [pytest.mark.crun, pytest.mark.slow]

@@ -19,7 +19,7 @@ from app.sandboxes import sync
 from app.sandboxes.admission import Ask, Held
 from app.sandboxes.nodes import NodeClient
 from app.schemas.sandboxes import CreateSandbox
-from tests.app.routes.test_sandboxes import create
+from tests.app.api.v1.test_sandboxes import create
 from tests.app.sandboxes.conftest import run, services_of
 from tests.app.sandboxes.test_quotas import principal, quota
 from wire.sandboxes import SandboxInventory, SandboxState, SandboxStatus

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from tests.app.routes.test_invocations import Tenant, run
+from tests.app.api.v1.test_invocations import Tenant, run
 from tests.conftest import ADMIN
 
 

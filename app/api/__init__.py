@@ -1,0 +1,1 @@
+"""The gateway's surfaces, one room each; ``table`` joins their routes."""

@@ -1,0 +1,208 @@
+"""The console's sandbox pages: a tenant lists, creates, opens, runs commands in,
+browses, pauses, resumes and kills its sandboxes, each through the sandbox API's own
+endpoint; the operator sees every tenant's, read-only (acting in a sandbox is its
+tenant's)."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+from urllib.parse import urlencode
+
+from sqlalchemy import select
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from app.api.console import live as live_updates
+from app.api.console.actions import perform
+from app.api.console.render import render, services_of
+from app.api.console.sessions import User
+from app.api.v1 import sandboxes as api
+from app.db.cursors import decode_cursor, encode_cursor, older_than
+from app.db.models import Sandbox
+from app.errors import CorralError, NotFound, ValidationFailed
+
+PAGE = 50
+#: how often a sandbox's page hears of it
+LIVE_EVERY_S = 2.0
+STATES = ("live", "running", "paused", "creating", "stopped")
+
+
+async def list_page(request: Request, user: User, **context: Any) -> Response:
+    state = request.query_params.get("state", "live")
+    state = state if state in STATES else "live"
+    cursor = request.query_params.get("cursor") or None
+    if user.is_admin:
+        query = select(Sandbox).order_by(Sandbox.created_at.desc(), Sandbox.id.desc()).limit(PAGE)
+        if state == "live":
+            query = query.where(Sandbox.state.in_(("creating", "running", "paused")))
+        else:
+            query = query.where(Sandbox.state == state)
+        try:
+            if cursor:
+                query = query.where(
+                    older_than(Sandbox.created_at, Sandbox.id, decode_cursor(cursor))
+                )
+        except ValidationFailed as exc:
+            return render(request, user, "error.html", {"message": exc.message}, 422)
+        async with services_of(request).sessions() as session:
+            rows = list((await session.scalars(query)).all())
+        shown = [
+            {
+                "id": r.id,
+                "tenant_id": r.tenant_id,
+                "state": r.state,
+                "image": r.image,
+                "backend": r.backend,
+                "created_at": r.created_at.isoformat(),
+            }
+            for r in rows
+        ]
+        following = encode_cursor(rows[-1]) if len(rows) == PAGE else None
+    else:
+        query_params = {
+            "state": state,
+            "limit": str(PAGE),
+            **({"cursor": cursor} if cursor else {}),
+        }
+        try:
+            listed = await perform(api.list_sandboxes, request, user, query=query_params)
+        except CorralError as exc:
+            return render(request, user, "error.html", {"message": exc.message}, exc.status)
+        shown, following = listed["sandboxes"], listed["next_cursor"]
+    older = (
+        f"/console/sandboxes?{urlencode({'state': state, 'cursor': following})}"
+        if following
+        else None
+    )
+    return render(
+        request,
+        user,
+        "sandboxes.html",
+        {"sandboxes": shown, "state": state, "older": older, **context},
+    )
+
+
+async def create(request: Request, user: User) -> Response:
+    form = await request.form()
+    body = {
+        "image": str(form.get("image", "python")),
+        "backend": str(form.get("backend", "crun")),
+        "memory_mb": str(form.get("memory_mb", "512")),
+        "ttl_s": str(form.get("ttl_s", "3600")),
+    }
+    try:
+        made = await perform(api.create_sandbox, request, user, body=body)
+    except CorralError as exc:
+        return await list_page(request, user, error=exc.message)
+    return RedirectResponse(f"/console/sandboxes/{made['id']}", status_code=303)
+
+
+async def detail(request: Request, user: User, **context: Any) -> Response:
+    sandbox_id = request.path_params["sandbox_id"]
+    files: list[dict[str, Any]] = []
+    path = request.query_params.get("path", "/home/user") or "/"
+    try:
+        if user.is_admin:
+            async with services_of(request).sessions() as session:
+                row = await session.get(Sandbox, sandbox_id)
+            if row is None:
+                raise NotFound(f"no sandbox {sandbox_id!r}")
+            sandbox: dict[str, Any] = {
+                "id": row.id,
+                "tenant_id": row.tenant_id,
+                "state": row.state,
+                "image": row.image,
+                "backend": row.backend,
+                "node_id": row.node_id,
+                "memory_mb": row.spec.get("memory_mb"),
+                "created_at": row.created_at.isoformat(),
+                "expires_at": row.expires_at.isoformat() if row.expires_at else None,
+                "reason": row.reason,
+            }
+        else:
+            sandbox = await perform(api.get_sandbox, request, user, path={"sandbox_id": sandbox_id})
+            if sandbox["state"] == "running":
+                try:
+                    listed = await perform(
+                        api.list_files,
+                        request,
+                        user,
+                        path={"sandbox_id": sandbox_id},
+                        query={"path": path},
+                    )
+                    files = listed["entries"]
+                except CorralError as exc:
+                    context.setdefault("files_error", exc.message)
+    except NotFound as exc:
+        return render(request, user, "error.html", {"message": exc.message}, 404)
+    return render(
+        request, user, "sandbox.html", {"sandbox": sandbox, "files": files, "path": path, **context}
+    )
+
+
+async def live(request: Request, user: User) -> Response:
+    """Server-sent events: a sandbox's state and (a tenant's) its CPU and memory, until it
+    has stopped."""
+    sandbox_id = request.path_params["sandbox_id"]
+    sessions = services_of(request).sessions
+
+    async def read() -> dict[str, Any]:
+        if user.is_admin:
+            async with sessions() as session:
+                row = await session.get(Sandbox, sandbox_id)
+            if row is None:
+                raise NotFound(f"no sandbox {sandbox_id!r}")
+            return {"state": row.state, "cpu_ms": None, "memory_bytes": None}
+        got = await perform(api.get_sandbox, request, user, path={"sandbox_id": sandbox_id})
+        return {k: got[k] for k in ("state", "cpu_ms", "memory_bytes")}
+
+    try:
+        first = await read()
+    except NotFound as exc:
+        return render(request, user, "error.html", {"message": exc.message}, 404)
+    return live_updates.events(
+        "sandbox", read, every_s=LIVE_EVERY_S, done=lambda f: f["state"] == "stopped", first=first
+    )
+
+
+async def run_command(request: Request, user: User) -> Response:
+    form = await request.form()
+    line = str(form.get("command", "")).strip()
+    try:
+        argv = shlex.split(line)
+    except ValueError as exc:
+        return await detail(
+            request, user, error=f"the command cannot be parsed: {exc}", command=line
+        )
+    if not argv:
+        return await detail(request, user, error="give a command", command=line)
+    try:
+        result = await perform(
+            api.exec_command,
+            request,
+            user,
+            path={"sandbox_id": request.path_params["sandbox_id"]},
+            body={"cmd": argv, "timeout_s": 60},
+        )
+    except CorralError as exc:
+        return await detail(request, user, error=exc.message, command=line)
+    return await detail(request, user, result=result, command=line)
+
+
+def action(name: str) -> Any:
+    endpoints = {
+        "pause": api.pause_sandbox,
+        "resume": api.resume_sandbox,
+        "kill": api.delete_sandbox,
+    }
+
+    async def handler(request: Request, user: User) -> Response:
+        sandbox_id = request.path_params["sandbox_id"]
+        try:
+            await perform(endpoints[name], request, user, path={"sandbox_id": sandbox_id})
+        except CorralError as exc:
+            return await detail(request, user, error=exc.message)
+        return RedirectResponse(f"/console/sandboxes/{sandbox_id}", status_code=303)
+
+    return handler

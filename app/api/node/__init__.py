@@ -1,0 +1,1 @@
+"""Routes only nodes call (``/internal/...``), each checking the node token (``token``)."""

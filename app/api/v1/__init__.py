@@ -1,0 +1,30 @@
+"""HTTP endpoints, one module per resource. ``ENDPOINTS`` is the whole API."""
+
+from __future__ import annotations
+
+from app.api.v1 import (
+    admin,
+    functions,
+    health,
+    invocations,
+    run,
+    runtimes,
+    sandboxes,
+    sandboxfusion,
+    tenants,
+    usage,
+)
+from app.http.endpoint import Endpoint
+
+ENDPOINTS: list[Endpoint] = [
+    *health.endpoints,
+    *tenants.endpoints,
+    *run.endpoints,
+    *invocations.endpoints,
+    *runtimes.endpoints,
+    *sandboxfusion.endpoints,
+    *functions.endpoints,
+    *sandboxes.endpoints,
+    *usage.endpoints,
+    *admin.endpoints,
+]

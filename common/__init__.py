@@ -1,0 +1,1 @@
+"""Helpers the gateway and the node share (the contracts are in ``wire``)."""

@@ -1,0 +1,1 @@
+"""FnCall backends: one stateless call each (``base.FnBackend``)."""

@@ -1,1 +1,0 @@
-"""Corral's data plane: execution backends and the node agent that drives them."""

@@ -1,6 +1,0 @@
-"""Stateful sandboxes on a node: the backend seam, the backends, the manager, the API.
-
-Importing the package registers the built-in backends (``crun``; ``fake`` for tests).
-"""
-
-from runtimes.sandboxes import crun, fake  # noqa: F401  (registration)

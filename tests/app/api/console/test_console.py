@@ -1,0 +1,242 @@
+"""The web console over HTTP: signing in leaves only a session cookie; every change needs
+the session's CSRF token; a tenant sees only its own; the operator's pages are the
+operator's; a revoked key ends its sessions."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from starlette.testclient import TestClient
+
+from tests.app.api.v1.test_invocations import Tenant, run
+from tests.app.api.v1.test_sandboxes import sandbox_client, sandbox_settings, tenant
+from tests.conftest import ADMIN_KEY
+
+__all__ = ["sandbox_client", "sandbox_settings", "tenant"]
+
+CSRF = re.compile(r'name="csrf" value="([^"]+)"')
+
+
+def server_sent(client: TestClient, url: str) -> list[tuple[str, Any]]:
+    """The events of a stream that ends by itself: (name, data) each."""
+    events: list[tuple[str, Any]] = []
+    with client.stream("GET", url) as stream:
+        assert stream.status_code == 200
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        name = ""
+        for line in stream.iter_lines():
+            if line.startswith("event: "):
+                name = line.removeprefix("event: ")
+            elif line.startswith("data: "):
+                events.append((name, json.loads(line.removeprefix("data: "))))
+    return events
+
+
+def sign_in(client: TestClient, key: str) -> str:
+    """Sign in through the form; the session's CSRF token."""
+    form = client.get("/console/login")
+    token = re.search(r'name="login_token" value="([^"]+)"', form.text)
+    assert token is not None, form.text
+    answer = client.post(
+        "/console/login",
+        data={"api_key": key, "login_token": token.group(1), "next": "/console"},
+        follow_redirects=False,
+    )
+    assert answer.status_code == 303, answer.text
+    cookie = answer.headers.get("set-cookie", "").lower()
+    assert "corral_console=" in cookie and "httponly" in cookie and "samesite=strict" in cookie
+    page = client.get("/console")
+    assert page.status_code == 200
+    found = CSRF.search(page.text)
+    assert found is not None
+    return found.group(1)
+
+
+def test_signing_in_keeps_only_a_session_cookie(client: TestClient) -> None:
+    assert (
+        client.get("/console", follow_redirects=False)
+        .headers["location"]
+        .startswith("/console/login")
+    )
+    sign_in(client, ADMIN_KEY)
+    cookie = client.cookies.get("corral_console")
+    assert cookie and ADMIN_KEY not in cookie
+    page = client.get("/console")
+    assert ADMIN_KEY not in page.text and "Overview" in page.text
+    csrf = CSRF.search(page.text).group(1)  # type: ignore[union-attr]
+    client.post("/console/logout", data={"csrf": csrf}, follow_redirects=False)
+    assert client.get("/console", follow_redirects=False).status_code == 303  # signed out
+
+
+def test_a_wrong_key_is_refused_and_a_login_without_its_form_token_too(client: TestClient) -> None:
+    form = client.get("/console/login")
+    token = re.search(r'name="login_token" value="([^"]+)"', form.text).group(1)  # type: ignore[union-attr]
+    wrong = client.post("/console/login", data={"api_key": "nope", "login_token": token})
+    assert wrong.status_code == 401 and "not valid" in wrong.text
+    client.cookies.clear()
+    forged = client.post("/console/login", data={"api_key": ADMIN_KEY, "login_token": "x"})
+    assert forged.status_code == 403 and client.cookies.get("corral_console") is None
+
+
+def test_a_change_without_the_csrf_token_is_refused(client: TestClient) -> None:
+    csrf = sign_in(client, ADMIN_KEY)
+    refused = client.post("/console/tenants", data={"name": "forged"})
+    assert refused.status_code == 403
+    wrong = client.post("/console/tenants", data={"name": "forged", "csrf": "x" * len(csrf)})
+    assert wrong.status_code == 403
+    assert "forged" not in client.get("/console/tenants").text
+    made = client.post("/console/tenants", data={"name": "made-here", "csrf": csrf})
+    assert made.status_code == 200 and "New API key" in made.text
+
+
+def test_the_operator_creates_a_tenant_and_changes_its_quota(client: TestClient) -> None:
+    csrf = sign_in(client, ADMIN_KEY)
+    made = client.post("/console/tenants", data={"name": "quota-t", "csrf": csrf})
+    tenant_id = re.search(r"<code>(ten_[^<]+)</code>", made.text).group(1)  # type: ignore[union-attr]
+    key = re.search(r'id="new-key">([^<]+)<', made.text).group(1)  # type: ignore[union-attr]
+    saved = client.post(
+        f"/console/tenants/{tenant_id}",
+        data={"csrf": csrf, "quota.max_concurrent_executions": "7"},
+        follow_redirects=True,
+    )
+    assert saved.status_code == 200 and "Saved." in saved.text
+    api = client.get(f"/v1/tenants/{tenant_id}", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    assert api.json()["quota"]["max_concurrent_executions"] == 7
+    bad = client.post(
+        f"/console/tenants/{tenant_id}", data={"csrf": csrf, "quota.max_memory_mb": "lots"}
+    )
+    assert bad.status_code == 200 and "validation" in bad.text  # shown on the page, not a 500
+    # the key the page showed works on the API
+    ran = client.post(
+        "/v1/run",
+        json={"language": "fake", "code": "{}"},
+        headers={"Authorization": f"Bearer {key}"},
+    )
+    assert ran.status_code == 200
+
+
+def test_a_tenant_runs_code_and_sees_only_its_own_invocations(
+    client: TestClient, new_tenant: Callable[..., Tenant]
+) -> None:
+    mine, other = new_tenant("console-mine"), new_tenant("console-other")
+    theirs = run(client, other, stdout="secret-of-other")
+    csrf = sign_in(client, mine["key"])
+    ran = client.post(
+        "/console/run",
+        data={"csrf": csrf, "language": "fake", "code": json.dumps({"stdout": "from-console"})},
+    )
+    assert ran.status_code == 200 and "from-console" in ran.text
+    listing = client.get("/console/invocations")
+    assert "from-console" not in listing.text  # the list shows ids, the detail the output
+    assert theirs["invocation_id"] not in listing.text
+    assert client.get(f"/console/invocations/{theirs['invocation_id']}").status_code == 404
+    assert client.get("/console/tenants").status_code == 403
+    filtered = client.get("/console/invocations", params={"status": "failed"})
+    assert "nothing yet" in filtered.text
+    # a final invocation's live stream says so once and ends; another tenant's is a 404
+    invocation_id = ran.url.path.rsplit("/", 1)[1]
+    assert 'id="watch"' not in ran.text  # nothing to watch on a final one
+    assert server_sent(client, f"/console/invocations/{invocation_id}/live") == [
+        ("invocation", {"status": "succeeded", "final": True, "attempts": 1}),
+        ("done", {}),
+    ]
+    gone = client.get(f"/console/invocations/{theirs['invocation_id']}/live")
+    assert gone.status_code == 404
+
+
+def test_a_revoked_key_ends_its_console_sessions(
+    client: TestClient, new_tenant: Callable[..., Tenant]
+) -> None:
+    tenant = new_tenant()
+    sign_in(client, tenant["key"])
+    assert client.get("/console/invocations").status_code == 200
+    revoked = client.delete(
+        f"/v1/tenants/{tenant['id']}/keys/{tenant['key_id']}",
+        headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+    )
+    assert revoked.status_code == 200
+    assert client.get("/console/invocations", follow_redirects=False).status_code == 303
+
+
+def test_the_usage_page_shows_the_apis_figures(
+    client: TestClient, new_tenant: Callable[..., Tenant]
+) -> None:
+    tenant = new_tenant()
+    run(client, tenant, cpu_ms=2000)
+    sign_in(client, tenant["key"])
+    page = client.get("/console/usage", params={"group_by": "day,language"})
+    assert page.status_code == 200
+    api = client.get(
+        "/v1/usage",
+        params={"group_by": "day,language", "start": "2000-01-01T00:00:00Z"},
+        headers=tenant["headers"],
+    ).json()
+    assert f"{api['rows'][0]['cost']:.6f}" in page.text
+    chart = json.loads(re.search(r'id="chart-data">([^<]+)<', page.text).group(1))  # type: ignore[union-attr]
+    assert chart["series"][0]["name"] == "fake"
+    bad = client.get("/console/usage", params={"group_by": "colour"})
+    assert bad.status_code == 422
+
+
+def test_a_next_page_elsewhere_is_not_followed(client: TestClient) -> None:
+    form = client.get("/console/login", params={"next": "https://evil.example/"})
+    token = re.search(r'name="login_token" value="([^"]+)"', form.text).group(1)  # type: ignore[union-attr]
+    answer = client.post(
+        "/console/login",
+        data={"api_key": ADMIN_KEY, "login_token": token, "next": "//evil.example/"},
+        follow_redirects=False,
+    )
+    assert answer.headers["location"] == "/console"
+
+
+def test_a_tenant_works_in_a_sandbox_and_the_operator_only_looks(
+    sandbox_client: TestClient, tenant: dict[str, Any]
+) -> None:
+    client = sandbox_client
+    key = tenant["headers"]["Authorization"].removeprefix("Bearer ")
+    csrf = sign_in(client, key)
+    made = client.post(
+        "/console/sandboxes",
+        data={"csrf": csrf, "image": "python", "backend": "fake", "memory_mb": "256"},
+    )
+    assert made.status_code == 200, made.text
+    sandbox_id = re.search(r"Sandbox <code>(sbx_[^<]+)</code>", made.text).group(1)  # type: ignore[union-attr]
+    ran = client.post(
+        f"/console/sandboxes/{sandbox_id}/exec", data={"csrf": csrf, "command": "echo 'two words'"}
+    )
+    assert '<pre id="exec-stdout">two words\n</pre>' in ran.text
+    unparsable = client.post(
+        f"/console/sandboxes/{sandbox_id}/exec", data={"csrf": csrf, "command": "echo 'open"}
+    )
+    assert "cannot be parsed" in unparsable.text
+    forged = client.post(f"/console/sandboxes/{sandbox_id}/kill", data={"csrf": "nope"})
+    assert forged.status_code == 403
+    paused = client.post(f"/console/sandboxes/{sandbox_id}/pause", data={"csrf": csrf})
+    assert '<dd id="state">paused</dd>' in paused.text
+    refused = client.post(
+        f"/console/sandboxes/{sandbox_id}/exec", data={"csrf": csrf, "command": "echo no"}
+    )
+    assert refused.status_code == 200 and "exec-stdout" not in refused.text
+    listed = client.get("/console/sandboxes")
+    assert sandbox_id in listed.text
+
+    client.cookies.clear()
+    admin_csrf = sign_in(client, ADMIN_KEY)
+    seen = client.get("/console/sandboxes")
+    assert sandbox_id in seen.text and tenant["id"] in seen.text
+    detail = client.get(f"/console/sandboxes/{sandbox_id}")
+    assert detail.status_code == 200 and "Run a command" not in detail.text
+    acted = client.post(f"/console/sandboxes/{sandbox_id}/kill", data={"csrf": admin_csrf})
+    assert acted.status_code == 200 and "tenant" in acted.text  # the tenant's to do
+
+    client.cookies.clear()
+    csrf = sign_in(client, key)  # a new session, a new CSRF token
+    killed = client.post(f"/console/sandboxes/{sandbox_id}/kill", data={"csrf": csrf})
+    assert '<dd id="state">stopped</dd>' in killed.text
+    # a stopped sandbox's live stream says so once and ends
+    [(name, figures), done] = server_sent(client, f"/console/sandboxes/{sandbox_id}/live")
+    assert (name, figures["state"], done) == ("sandbox", "stopped", ("done", {}))
+    assert client.get("/console/sandboxes/sbx_nope/live").status_code == 404
