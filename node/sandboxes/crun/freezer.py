@@ -3,7 +3,8 @@
 Writing ``FROZEN`` to ``freezer.state`` only starts a freeze: the group reads
 ``FREEZING`` until every task in it has stopped, which under load, or with a task in an
 uninterruptible sleep, takes a while. ``crun pause`` (1.8 on cgroup v1) writes the file
-and returns at once, so a pause that must hold (a warm sandbox costing no CPU, a
+and returns at once, as ``freeze`` here does (the backend writes it itself, with no
+runtime process), so a pause that must hold (a warm sandbox costing no CPU, a
 snapshot copying a still layer) waits here for the state to settle. A group that does
 not settle in time is thawed again and the pause fails: half-frozen is not a state a
 caller can rely on.
@@ -26,6 +27,16 @@ class FreezeFailed(SandboxError):
     """The sandbox could not be paused; it runs on (the gateway answers 409 ``conflict``)."""
 
     status, code = 409, "pause_failed"
+
+
+def freeze(state_file: Path) -> None:
+    """Start freezing the group (``settle_frozen`` waits for it to hold)."""
+    _write(state_file, "FROZEN")
+
+
+def thaw(state_file: Path) -> None:
+    """Thaw the group: its tasks run again at once."""
+    _write(state_file, "THAWED")
 
 
 async def settle_frozen(state_file: Path, *, timeout_s: float = FREEZE_TIMEOUT_S) -> None:

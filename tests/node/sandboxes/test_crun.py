@@ -18,6 +18,7 @@ from node.sandboxes.base import (
     PathNotFound,
     RootImage,
     SandboxError,
+    SandboxNotFound,
     SandboxNotRunning,
     SandboxPathError,
 )
@@ -160,6 +161,33 @@ async def test_pause_freezes_and_resume_thaws(crun: CrunBackend, busybox_image: 
     assert cgroup_file("freezer", "sbx-pause", "freezer.state").strip() == "FROZEN"
     await crun.resume("sbx-pause")
     assert (await run(crun, "sbx-pause", ["echo", "back"])).stdout.decode() == "back\n"
+
+
+async def test_a_pause_and_a_resume_start_no_runtime_process_and_the_runtime_agrees(
+    crun: CrunBackend, busybox_image: RootImage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warm sandbox is paused after every refill: the backend writes the freezer
+    itself, where ``crun state`` and ``crun pause`` were two processes per refill (a
+    third of its cost); the runtime reads the same file, so it still says paused."""
+    await crun.create(spec("sbx-direct"), busybox_image)
+    started: list[tuple[str, ...]] = []
+    runtime = crun._runtime
+
+    async def counted(*args: str, **kw: Any) -> bytes:
+        started.append(args)
+        return await runtime(*args, **kw)
+
+    monkeypatch.setattr(crun, "_runtime", counted)
+    await crun.pause("sbx-direct")
+    assert started == []
+    assert (await crun._runtime_json("state", "sbx-direct"))["status"] == "paused"
+    started.clear()
+    await crun.resume("sbx-direct")
+    assert started == []
+    assert (await crun._runtime_json("state", "sbx-direct"))["status"] == "running"
+    assert (await run(crun, "sbx-direct", ["echo", "on"])).stdout == b"on\n"
+    with pytest.raises(SandboxNotFound):
+        await crun.pause("sbx-none")
 
 
 async def test_a_pause_returns_only_once_busy_processes_are_frozen(
