@@ -91,6 +91,26 @@ async def test_the_reviews_symlinks_are_the_users_permission_denied(
     assert await read_file(box, "sbx-deputy", "/home/user/answer.txt", user="root") == b"hidden\n"
 
 
+async def test_a_remove_or_a_move_through_a_planted_symlink_is_the_users_permission_denied(
+    box: CrunBackend, busybox_image: RootImage
+) -> None:
+    """The agent points ~/etc at /etc: the harness's remove and move as the default user
+    meet the link as that user would, so /etc/passwd is neither removed, taken away nor
+    replaced; removing the link itself removes the link, never what it points at."""
+    await box.create(spec("sbx-links-rm"), busybox_image)
+    passwd = await sh(box, "sbx-links-rm", "cat /etc/passwd", "root")
+    await sh(box, "sbx-links-rm", "ln -s /etc ~/etc; echo mine > ~/mine")
+    with pytest.raises(PermissionDenied):
+        await box.remove("sbx-links-rm", "/home/user/etc/passwd", user="user")
+    with pytest.raises(PermissionDenied):
+        await box.move("sbx-links-rm", "/home/user/etc/passwd", "/home/user/taken", user="user")
+    with pytest.raises(PermissionDenied):
+        await box.move("sbx-links-rm", "/home/user/mine", "/home/user/etc/passwd", user="user")
+    assert await sh(box, "sbx-links-rm", "cat /etc/passwd", "root") == passwd
+    await box.remove("sbx-links-rm", "/home/user/etc", user="user")
+    assert await sh(box, "sbx-links-rm", "ls /home/user; cat /etc/passwd", "root") == "mine\n" + passwd
+
+
 async def test_no_call_changes_the_owner_of_a_file_it_did_not_create(
     box: CrunBackend, busybox_image: RootImage
 ) -> None:

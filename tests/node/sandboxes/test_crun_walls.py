@@ -166,6 +166,52 @@ async def test_per_user_kernel_limits_count_per_sandbox(
     await hogging.kill()
 
 
+PROBE_USER_LIMITS = (
+    "import ctypes, errno, os, resource\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "fd = libc.inotify_init1(0)\n"
+    "watch = 'ok' if fd >= 0 else errno.errorcode[ctypes.get_errno()]\n"
+    "resource.setrlimit(resource.RLIMIT_NPROC, (10, 10))\n"
+    "try:\n"
+    "    pid = os.fork()\n"
+    "    if pid == 0: os._exit(0)\n"
+    "    os.waitpid(pid, 0); fork = 'ok'\n"
+    "except BlockingIOError: fork = 'EAGAIN'\n"
+    "print(watch, fork)\n"
+)
+
+
+async def test_processes_count_per_sandbox_and_inotify_is_nobodys_to_use_up(
+    crun: CrunBackend, python_image: RootImage
+) -> None:
+    """Review #24 beyond pipes. The kernel counts a user's processes (RLIMIT_NPROC) per
+    host uid: an agent holding 20 processes in one sandbox reaches its own limit, never
+    its neighbour's (with one host uid for every sandbox's user, the neighbour's fork was
+    refused). inotify instances and watches are counted up the chain of user namespaces
+    to the namespace's creator, host root, whose 128 instances the node's own watchers
+    use: the sandbox's filter refuses inotify, so no sandbox can use them up."""
+    await crun.create(spec("sbx-count-a", image="python", memory_mb=256), python_image)
+    await crun.create(spec("sbx-count-b", image="python", memory_mb=256), python_image)
+    hog = (
+        "import os, time\n"
+        "for _ in range(20):\n"
+        "    if os.fork() == 0: time.sleep(30); os._exit(0)\n"
+        "print('held', flush=True); time.sleep(30)\n"
+    )
+    hogging = await crun.exec(
+        "sbx-count-a", ExecRequest(cmd=["python3", "-c", hog], timeout_s=40), default_user="user"
+    )
+    async for event in hogging.events():
+        if getattr(event, "data", b"").startswith(b"held"):
+            break
+    own = await run(crun, "sbx-count-a", ["python3", "-c", PROBE_USER_LIMITS])
+    other = await run(crun, "sbx-count-b", ["python3", "-c", PROBE_USER_LIMITS])
+    assert own.stdout.decode().split() == ["EPERM", "EAGAIN"], own
+    assert other.stdout.decode().split() == ["EPERM", "ok"], other
+    assert isinstance(hogging, CrunProcess)
+    await hogging.kill()
+
+
 async def test_root_inside_cannot_take_over_the_sandboxs_init(
     crun: CrunBackend, python_image: RootImage
 ) -> None:

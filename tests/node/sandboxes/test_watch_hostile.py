@@ -160,3 +160,24 @@ async def test_the_node_stops_at_its_own_cap_of_watchers(node: Node) -> None:
         await table.create("sbx-n3", "/tmp")
     assert (full.value.status, full.value.code) == (503, "no_capacity")
     table.close()
+
+
+async def test_a_watched_path_cannot_forge_or_flood_the_nodes_log(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review #12: the path is the tenant's text; the node's line about the watcher keeps
+    it escaped and bounded (a newline in it forged a line of the node's log, and a long
+    one filled it)."""
+    await node.manager.create(spec("sbx-logs", tenant_id="ten_l"))
+    name = "a\n2026-12-05 CRITICAL node: forged\x1b[2J" + "x" * 200
+    made = await node.manager.exec("sbx-logs", ExecRequest(cmd=["mkdir", f"/tmp/{name}"]))
+    assert (await collect(made.events())).exit_code == 0
+    caplog.set_level(logging.INFO, logger="node.sandboxes.watch")
+    answer = await node.watch("sbx-logs", f"/tmp/{name}")
+    assert answer.status_code == 201, answer.text
+    lines = [r.getMessage() for r in caplog.records if r.name == "node.sandboxes.watch"]
+    assert any("watcher" in line for line in lines)
+    for line in lines:
+        assert "\n" not in line and "\x1b" not in line
+        assert len(line.encode()) < 220  # ~100 bytes of the tenant's text, ids and words
+    assert any("a\\n2026-12-05 CRITICAL" in line for line in lines)
