@@ -7,6 +7,8 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
+from app.db.write_gate import WriteGate
+
 
 def make_engine(url: str) -> AsyncEngine:
     # Connections enough for the requests in flight: an overflow connection is closed when
@@ -23,6 +25,8 @@ def make_engine(url: str) -> AsyncEngine:
     engine = create_async_engine(url, **kwargs)
     if url.startswith("sqlite"):
         event.listen(engine.sync_engine, "connect", sqlite_pragmas)
+        if ":memory:" not in url:
+            WriteGate().install(engine)  # sessions queue for SQLite's one write lock
     return engine
 
 

@@ -32,14 +32,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, ClassVar, Protocol, cast
 
-from sqlalchemy import Table, and_, bindparam, insert, select, update
+from sqlalchemy import Connection, Table, and_, bindparam, insert, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import Sandbox, SandboxTotals
+from app.db.reads import KeyRead
+from app.db.transactions import Batchable
 from app.quotas.spec import QuotaLimits
 from app.sandboxes.admission import Ask, Held, milli
 from wire.sandboxes import SandboxState
@@ -101,27 +103,28 @@ def _as_read(seen: Versioned) -> Any:
     )
 
 
-async def transition(session: AsyncSession, seen: Versioned, **values: Any) -> bool:
-    """Move the row from what ``seen`` read to ``values`` (in the session's transaction);
-    False if another writer moved it since, or it had ended: nothing is written then. A
-    row that leaves the live states takes its size off the tenant's totals in the same
-    transaction (exactly once: only one transition from what was read can succeed)."""
+def transition_on(conn: Connection, seen: Versioned, **values: Any) -> bool:
+    """Move the row from what ``seen`` read to ``values`` (in the connection's
+    transaction); False if another writer moved it since, or it had ended: nothing is
+    written then. A row that leaves the live states takes its size off the tenant's
+    totals in the same transaction (exactly once: only one transition from what was read
+    can succeed)."""
     if seen.state in ENDED:
         return False
     if seen.state not in LIVE and values.get("state", seen.state) in LIVE:
         return False  # destroyed: never live again (nor counted again)
-    moved = await session.execute(
+    moved = conn.execute(
         update(_T).where(_as_read(seen)).values(**values, version=_T.c.version + 1)
     )
-    if int(moved.rowcount) != 1:  # type: ignore[attr-defined]
+    if int(moved.rowcount) != 1:
         return False
     if seen.state in LIVE and values.get("state", seen.state) not in LIVE:
-        await _add(session, seen.tenant_id, Ask.of(seen.spec or {}), sign=-1)
+        _add(conn, seen.tenant_id, Ask.of(seen.spec or {}), sign=-1)
     return True
 
 
-async def _add(session: AsyncSession, tenant_id: str, ask: Ask, *, sign: int) -> None:
-    await session.execute(
+def _add(conn: Connection, tenant_id: str, ask: Ask, *, sign: int) -> None:
+    conn.execute(
         update(_TOTALS)
         .where(_TOTALS.c.tenant_id == tenant_id)
         .values(
@@ -133,12 +136,12 @@ async def _add(session: AsyncSession, tenant_id: str, ask: Ask, *, sign: int) ->
     )
 
 
-async def admit(session: AsyncSession, row: Sandbox, quota: QuotaLimits) -> bool:
+def admit_on(conn: Connection, row: Sandbox, quota: QuotaLimits) -> bool:
     """Record a new live sandbox if the tenant's totals, with it, stay within ``quota``:
     one conditional update of the tenant's ``sandbox_totals`` row (two gateways admitting
     at once take turns on that row, and each judges the totals the other left), then the
-    row's insert, in the session's transaction. False: past the quota (no row written).
-    A tenant's first create makes its totals row."""
+    row's insert, in the connection's transaction. False: past the quota (no row
+    written). A tenant's first create makes its totals row."""
     ask = Ask.of(row.spec or {})
     take = (
         update(_TOTALS)
@@ -156,23 +159,20 @@ async def admit(session: AsyncSession, row: Sandbox, quota: QuotaLimits) -> bool
             disk_mb=_TOTALS.c.disk_mb + ask.disk_mb,
         )
     )
-    taken = await session.execute(take)
-    if int(taken.rowcount) != 1:  # type: ignore[attr-defined]
+    if int(conn.execute(take).rowcount) != 1:
         # past the quota, or no totals row yet: make it (another create may have made it
         # meanwhile, its insert waited for here), then judge again on the row as it is
-        await _first_totals(session, row.tenant_id)
-        taken = await session.execute(take)
-        if int(taken.rowcount) != 1:  # type: ignore[attr-defined]
+        _first_totals(conn, row.tenant_id)
+        if int(conn.execute(take).rowcount) != 1:
             return False
-    await session.execute(insert(_T).values(**_values(row)))
+    conn.execute(insert(_T).values(**_values(row)))
     return True
 
 
-async def _first_totals(session: AsyncSession, tenant_id: str) -> None:
+def _first_totals(conn: Connection, tenant_id: str) -> None:
     """Make the tenant's totals row (empty), unless it is there already."""
-    conn = await session.connection()
     insert_ = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
-    await session.execute(
+    conn.execute(
         insert_(_TOTALS)
         .values(tenant_id=tenant_id, live=0, memory_mb=0, cpu_milli=0, disk_mb=0)
         .on_conflict_do_nothing(index_elements=["tenant_id"])
@@ -188,16 +188,63 @@ def _values(row: Sandbox) -> dict[str, Any]:
     }
 
 
+class Transition(Batchable):
+    """``transition_on`` as a write of a committer (``app.db.transactions``): on the
+    embedded SQLite file a whole transaction on the event loop when the write lock is
+    free, not a session's statements each a trip through a driver's thread."""
+
+    stage: ClassVar[int] = 10
+
+    def __init__(self, seen: Versioned, values: dict[str, Any]) -> None:
+        self.seen = Seen.of(seen)
+        self.values = values
+
+    @classmethod
+    def run_many(cls, conn: Connection, writes: Sequence[Transition]) -> list[Any]:
+        return [transition_on(conn, w.seen, **w.values) for w in writes]
+
+
+class Admit(Batchable):
+    """``admit_on`` as a write of a committer (as ``Transition``)."""
+
+    stage: ClassVar[int] = 11
+
+    def __init__(self, row: Sandbox, quota: QuotaLimits) -> None:
+        self.row = row
+        self.quota = quota
+
+    @classmethod
+    def run_many(cls, conn: Connection, writes: Sequence[Admit]) -> list[Any]:
+        return [admit_on(conn, w.row, w.quota) for w in writes]
+
+
+#: what the tenant's live sandboxes hold together, read by the tenant's id
+HELD = KeyRead(
+    _TOTALS.c.tenant_id,
+    [_TOTALS.c.live, _TOTALS.c.memory_mb, _TOTALS.c.cpu_milli, _TOTALS.c.disk_mb],
+)
+
+
+def held_of(values: tuple[Any, ...] | None) -> Held:
+    """``HELD``'s values as a ``Held`` (nothing if the tenant never made a sandbox)."""
+    return Held() if values is None else Held(*values)
+
+
+# --- the same, in an AsyncSession's transaction ------------------------------------------
+async def transition(session: AsyncSession, seen: Versioned, **values: Any) -> bool:
+    conn = await session.connection()
+    return await conn.run_sync(lambda c: transition_on(c, seen, **values))
+
+
+async def admit(session: AsyncSession, row: Sandbox, quota: QuotaLimits) -> bool:
+    conn = await session.connection()
+    return await conn.run_sync(lambda c: admit_on(c, row, quota))
+
+
 async def held(session: AsyncSession, tenant_id: str) -> Held:
     """What the tenant's live sandboxes hold together (nothing if it never made one)."""
-    found = (
-        await session.execute(
-            select(
-                _TOTALS.c.live, _TOTALS.c.memory_mb, _TOTALS.c.cpu_milli, _TOTALS.c.disk_mb
-            ).where(_TOTALS.c.tenant_id == tenant_id)
-        )
-    ).first()
-    return Held() if found is None else Held(*found)
+    conn = await session.connection()
+    return held_of(await conn.run_sync(lambda c: HELD.on(c, tenant_id)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,6 @@ import logging
 from datetime import UTC, datetime
 
 from app.auth.principal import Principal
-from app.db import sandboxes as sandbox_rows
 from app.db.models import Sandbox, Snapshot
 from app.errors import ConcurrencyLimited, LifetimeTooLong
 from app.images.catalog import ControlImages
@@ -161,9 +160,7 @@ class Creates:
         """The create's one commit: the sandbox counted in the tenant's totals and its
         row written, unless the totals (moved by another gateway since they were read)
         no longer hold it."""
-        async with self._records.sessions.begin() as session:
-            admitted = await sandbox_rows.admit(session, row, quota)
-        if not admitted:
+        if not await self._records.admit(row, quota):
             refusal = totals_refusal(quota, await self._records.held(row.tenant_id), ask)
             raise refusal or ConcurrencyLimited(
                 "the tenant's live sandboxes reached its quota while this one was made",

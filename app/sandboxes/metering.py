@@ -24,15 +24,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from datetime import datetime, timedelta
-from typing import Any, cast
+from datetime import UTC, datetime, timedelta
+from typing import Any, ClassVar, cast
 
-from sqlalchemy import Table, and_, or_, select, update
+from sqlalchemy import Connection, Table, and_, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.db.models import Sandbox, UsageEvent
+from app.db.transactions import Batchable, Transactions
 from wire.sandboxes import SandboxState
 
 log = logging.getLogger(__name__)
@@ -93,27 +94,51 @@ def _event(row: Sandbox, start: datetime, end: datetime) -> dict[str, Any]:
     }
 
 
-async def _record(session: AsyncSession, row: Sandbox, start: datetime, end: datetime) -> bool:
+def record_on(conn: Connection, row: Sandbox, start: datetime, end: datetime) -> bool:
     """Store ``row``'s interval, unless another pass moved the row since it was read."""
     read = (
         Sandbox.metered_until.is_(None)
         if row.metered_until is None
         else Sandbox.metered_until == row.metered_until
     )
-    moved = await session.execute(
+    moved = conn.execute(
         update(Sandbox)
         .where(Sandbox.id == row.id, Sandbox.state == row.state, read)
         .values(metered_until=end, metered_cpu_ms=row.cpu_ms)
     )
-    if moved.rowcount != 1:  # type: ignore[attr-defined]
+    if moved.rowcount != 1:
         return False
-    conn = await session.connection()
     insert_ = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
-    await conn.execute(
+    conn.execute(
         insert_(_EVENTS).on_conflict_do_nothing(index_elements=["subject", "subject_id"]),
         [_event(row, start, end)],
     )
     return True
+
+
+class Interval(Batchable):
+    """``record_on`` as a write of a committer (``app.db.transactions``): a sandbox's
+    last interval is stored as it is recorded stopped, in one commit on the event loop
+    on the embedded SQLite file."""
+
+    stage: ClassVar[int] = 12
+
+    def __init__(self, row: Sandbox, start: datetime, end: datetime) -> None:
+        self.row, self.start, self.end = row, start, end
+
+    @classmethod
+    def run_many(cls, conn: Connection, writes: Sequence[Interval]) -> list[Any]:
+        return [record_on(conn, w.row, w.start, w.end) for w in writes]
+
+
+async def meter_ended(transactions: Transactions, row: Sandbox) -> bool:
+    """Store the last interval of ``row``, just recorded stopped (as the writer that
+    stopped it holds it); False if there was none to store or a pass stored it first."""
+    interval = _due(row, datetime.now(UTC), 0.0)
+    if interval is None:
+        return False
+    (stored,) = await transactions.run([Interval(row, *interval)])
+    return bool(stored)
 
 
 async def _rows(
@@ -147,7 +172,8 @@ async def meter(
         if interval is None:
             continue
         async with sessions.begin() as session:
-            if await _record(session, row, *interval):
+            conn = await session.connection()
+            if await conn.run_sync(record_on, row, *interval):
                 stored += 1
                 log.debug(
                     "sandbox=%s: metered %s .. %s", row.id, *(t.isoformat() for t in interval)

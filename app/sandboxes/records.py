@@ -12,8 +12,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.db import sandboxes as sandbox_rows
 from app.db.models import Sandbox
-from app.db.transactions import RowReader
+from app.db.transactions import Transactions
 from app.errors import NotFound
+from app.quotas.spec import QuotaLimits
 from app.sandboxes import listing, metering
 from app.sandboxes.admission import Held
 from app.sandboxes.place import PLACE, SandboxPlace
@@ -55,8 +56,14 @@ def stopped(row: Sandbox) -> dict[str, Any]:
 
 class Records:
     def __init__(
-        self, *, sessions: async_sessionmaker[AsyncSession], rows: RowReader, meter_every_s: float
+        self,
+        *,
+        sessions: async_sessionmaker[AsyncSession],
+        rows: Transactions,
+        meter_every_s: float,
     ) -> None:
+        """``rows``: the committer that reads rows by key and commits the transitions
+        (on the embedded SQLite file: on the event loop, no driver thread between)."""
         self.sessions = sessions
         self._rows = rows
         self._meter_every_s = meter_every_s
@@ -94,16 +101,14 @@ class Records:
 
     async def held(self, tenant_id: str) -> Held:
         """What the tenant's live sandboxes hold together (its ``sandbox_totals``)."""
-        async with self.sessions() as session:
-            return await sandbox_rows.held(session, tenant_id)
+        return sandbox_rows.held_of(await self._rows.read(sandbox_rows.HELD, tenant_id))
 
     async def move(self, row: Sandbox, **values: Any) -> Sandbox | None:
         """Store ``values`` over ``row`` as it was read (compare-and-set:
         ``app.db.sandboxes``): the row as now stored, or None if another writer moved it
         first (nothing is written then). A row moved to stopped has its last usage
         recorded."""
-        async with self.sessions.begin() as session:
-            moved = await sandbox_rows.transition(session, row, **values)
+        (moved,) = await self._rows.run([sandbox_rows.Transition(row, values)])
         if not moved:
             return None
         for name, value in values.items():
@@ -112,6 +117,12 @@ class Records:
         if row.state == SandboxState.STOPPED.value:
             await self._meter_final(row)
         return row
+
+    async def admit(self, row: Sandbox, quota: QuotaLimits) -> bool:
+        """Record a new live sandbox within the tenant's quota, in one commit
+        (``app.db.sandboxes.admit_on``); False: past the quota, nothing written."""
+        (admitted,) = await self._rows.run([sandbox_rows.Admit(row, quota)])
+        return bool(admitted)
 
     async def apply(self, row: Sandbox, status: SandboxStatus) -> Sandbox:
         """Store what a node says of the sandbox over the row as read; if another writer
@@ -131,9 +142,7 @@ class Records:
         """The usage of a sandbox just recorded stopped, up to its end (if this fails, the
         leader's next metering pass records it)."""
         try:
-            await metering.meter(
-                self.sessions, now=datetime.now(UTC), every_s=0.0, sandbox_id=row.id
-            )
+            await metering.meter_ended(self._rows, row)
         except Exception as exc:
             log.warning("sandbox=%s: its last usage is not recorded yet (%r)", row.id, exc)
 

@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.auth.principal import Principal
 from app.db.models import Sandbox, Snapshot
-from app.db.transactions import RowReader
+from app.db.transactions import Transactions
 from app.errors import NodeUnavailable, NotFound
 from app.images.catalog import ControlImages
 from app.placement.catalogue import Catalogue
@@ -55,7 +55,7 @@ class Sandboxes:
         catalogue: Catalogue,
         node_token: str | None,
         images: ControlImages,
-        rows: RowReader,
+        rows: Transactions,
         admission: SandboxAdmission,
         meter_every_s: float = 60.0,
     ) -> None:

@@ -2,8 +2,9 @@
 read (the tenant's totals, judged before any node is asked) and one commit (the totals'
 conditional update and the row's insert); a destroy's answer is one read and one commit
 (the row marked stopping), its teardown off the caller's path. Counted by statements and
-commits on every engine made within the call (not the leader's jobs running meanwhile,
-nor the teardown it leaves behind), so a change that adds a round trip fails here."""
+commits on every engine made within the call, and reads made on the driver's cursor
+(``app.db.prepared``), not the leader's jobs running meanwhile, nor the teardown it
+leaves behind, so a change that adds a round trip fails here."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from sqlalchemy import Engine, event
 from starlette.testclient import TestClient
 
+from app.db.prepared import Prepared
 from app.schemas.sandboxes import CreateSandbox
 from tests.app.api.v1.test_sandboxes import create
 from tests.app.sandboxes.conftest import run, services_of
@@ -50,8 +52,16 @@ def _ours() -> bool:
 
 
 @pytest.fixture
-def counted() -> Iterator[Counted]:
+def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counted]:
     seen = Counted()
+    query = Prepared.query
+
+    def prepared_query(conn: Any, sql: str, params: Any) -> list[Any]:
+        if _ours():  # a read on the driver's cursor, past SQLAlchemy's events
+            seen.reads.append(sql.split("\n")[0][:80])
+        return query(conn, sql, params)
+
+    monkeypatch.setattr(Prepared, "query", staticmethod(prepared_query))
 
     def statement(_conn: Any, _cursor: Any, sql: str, *_: Any) -> None:
         verb = sql.lstrip().split(None, 1)[0].upper()
