@@ -44,7 +44,9 @@ def run(
 ) -> None:
     """Send code to a Corral server, run it once and print its output.
 
-    Exits with the program's exit code (1 if it did not finish, 2 on a platform error).
+    Exits with the program's exit code; 1 if it did not finish (a timeout, a memory
+    limit) or the server refused the request (a key, a quota: the error is printed); 2 if
+    the platform failed the run, or the command line is wrong.
     """
     if (code is None) == (file is None):
         raise click.UsageError("give exactly one of -c CODE or FILE")

@@ -20,7 +20,8 @@ from corral import Conflict, Corral, Files, NotFound, SandboxInfo
 
 #: ``ID:/path`` names a path in a sandbox (``ID:`` alone is its root); anything else is local
 _REMOTE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_-]*):(.*)$")
-#: the exit status of ``corral sandbox exec`` when the command has none (as timeout(1), sh)
+#: the exit status of ``corral sandbox exec`` when the command has none (as timeout(1), sh;
+#: a program that is not found exits 127 by itself, from the sandbox's init)
 EXIT_TIMED_OUT, EXIT_NOT_STARTED = 124, 126
 
 
@@ -122,7 +123,8 @@ def sandbox_exec(
     when it has options of its own: corral sandbox exec ID -- python3 -c 'print(1)'.
 
     Exits with the command's exit code; 128+N if signal N killed it, 124 if it timed out,
-    126 if it could not start.
+    127 if the program was not found, 126 if the platform could not start it. CMD is not
+    run through a shell: pass --shell for pipes, variables and &&.
     """
     with client(url, api_key) as sdk:
         sbx = sdk.sandboxes.get(sandbox_id)

@@ -15,6 +15,8 @@ of its time each phase took, which is the question a training team asks of its b
 
 from __future__ import annotations
 
+import csv
+import io
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -233,3 +235,29 @@ def as_row(line: Line) -> dict[str, Any]:
         **{f"cost_{part}": amount for part, amount in line.cost.items()},
         "cost": line.total_cost,
     }
+
+
+def total_of(groups: Sequence[str], lines: Iterable[Line]) -> Line:
+    """Every line added up (its keys empty)."""
+    total = Line(dict.fromkeys(groups, ""))
+    for line in lines:
+        total.events += line.events
+        total.failures += line.failures
+        for name, value in line.sums.items():
+            total.sums[name] += value
+        for part, amount in line.cost.items():
+            total.cost[part] += amount
+    return total
+
+
+def as_csv(groups: Sequence[str], lines: Sequence[Line]) -> str:
+    """The lines as CSV, one row each, then their total (first key ``total``)."""
+    out = io.StringIO()
+    rows = [as_row(line) for line in [*lines, total_of(groups, lines)]]
+    writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    for i, row in enumerate(rows):
+        if i == len(rows) - 1:
+            row = {**row, **dict.fromkeys(groups[:1], "total")}
+        writer.writerow(row)
+    return out.getvalue()

@@ -379,7 +379,11 @@ async def invocation_page(request: Request, user: User) -> Response:
 
 
 # --- usage and cost ---------------------------------------------------------------------------
-async def usage_page(request: Request, user: User) -> Response:
+async def _usage(
+    request: Request, user: User
+) -> tuple[UsageQuery, datetime, datetime, list[usage_report.Line]] | Response:
+    """The usage the page (and its CSV) shows: the query's range, 7 days by default; a
+    tenant's own, the operator's of everyone or of one tenant."""
     params = {k: v for k, v in request.query_params.items() if v and k != "format"}
     params.setdefault("group_by", "day,kind" if not user.is_admin else "day,tenant")
     try:
@@ -394,6 +398,14 @@ async def usage_page(request: Request, user: User) -> Response:
         lines = await usage_report.report(
             session, start=start, end=end, group_by=query.groups, prices=prices, tenant_id=tenant_id
         )
+    return query, start, end, lines
+
+
+async def usage_page(request: Request, user: User) -> Response:
+    found = await _usage(request, user)
+    if isinstance(found, Response):
+        return found
+    query, start, end, lines = found
     rows = [as_row(line) for line in lines]
     return render(
         request,
@@ -405,12 +417,31 @@ async def usage_page(request: Request, user: User) -> Response:
             "group_by": query.group_by,
             "start": start,
             "end": end,
-            "currency": prices.currency,
+            "currency": services_of(request).settings.prices.currency,
             "chart": _chart(rows, query.groups),
-            "csv": f"/v1/usage?{request.url.query}&format=csv"
+            # the same figures as CSV, through the console's session (not /v1: its
+            # cookie is the console's, and /v1 asks for an API key)
+            "csv": f"/console/usage.csv?{request.url.query}"
             if request.url.query
-            else "/v1/usage?format=csv",
+            else "/console/usage.csv",
         },
+    )
+
+
+async def to_console(request: Request) -> Response:
+    return RedirectResponse("/console", status_code=307)
+
+
+async def usage_csv(request: Request, user: User) -> Response:
+    found = await _usage(request, user)
+    if isinstance(found, Response):
+        return found
+    query, start, end, lines = found
+    name = f"corral-usage-{start:%Y%m%d}-{end:%Y%m%d}.csv"
+    return Response(
+        usage_report.as_csv(query.groups, lines),
+        media_type="text/csv",
+        headers={"Content-Disposition": f'attachment; filename="{name}"'},
     )
 
 
@@ -438,6 +469,7 @@ def _chart(rows: list[dict[str, Any]], groups: Sequence[str]) -> dict[str, Any] 
 
 def routes() -> list[BaseRoute]:
     return [
+        Route("/", to_console, methods=["GET"]),  # a browser pointed at the server
         Route("/console/login", login_form, methods=["GET"]),
         Route("/console/login", login, methods=["POST"]),
         Route("/console/logout", page(logout), methods=["POST"]),
@@ -467,6 +499,7 @@ def routes() -> list[BaseRoute]:
             methods=["GET"],
         ),
         Route("/console/usage", page(usage_page), methods=["GET"]),
+        Route("/console/usage.csv", page(usage_csv), methods=["GET"]),
         Route("/console/sandboxes", page(sandbox_pages.list_page), methods=["GET"]),
         Route("/console/sandboxes", page(sandbox_pages.create), methods=["POST"]),
         Route("/console/sandboxes/{sandbox_id}", page(sandbox_pages.detail), methods=["GET"]),

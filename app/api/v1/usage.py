@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-import io
-from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from starlette.responses import Response
@@ -50,16 +47,9 @@ async def get_usage(call: Call) -> UsageReport | Response:
             tenant_id=tenant_id,
         )
     first, last = report.whole_hours(start, end)
-    total = Line(dict.fromkeys(q.groups, ""))
-    for line in lines:
-        total.events += line.events
-        total.failures += line.failures
-        for name, value in line.sums.items():
-            total.sums[name] += value
-        for part, amount in line.cost.items():
-            total.cost[part] += amount
     if q.format == "csv":
-        return Response(_csv(q.groups, [*lines, total]), media_type="text/csv")
+        return Response(report.as_csv(q.groups, lines), media_type="text/csv")
+    total = report.total_of(q.groups, lines)
     return UsageReport(
         start=first,
         end=last,
@@ -73,18 +63,6 @@ async def get_usage(call: Call) -> UsageReport | Response:
 def _row(line: Line) -> UsageRow:
     flat = as_row(line)
     return UsageRow(group=line.key, **{k: v for k, v in flat.items() if k not in line.key})
-
-
-def _csv(groups: Sequence[str], lines: list[Line]) -> str:
-    out = io.StringIO()
-    rows = [as_row(line) for line in lines]
-    writer = csv.DictWriter(out, fieldnames=list(rows[0]) if rows else groups, lineterminator="\n")
-    writer.writeheader()
-    for i, row in enumerate(rows):
-        if i == len(rows) - 1:
-            row = {**row, **dict.fromkeys(groups[:1], "total")}
-        writer.writerow(row)
-    return out.getvalue()
 
 
 endpoints = [get_usage]

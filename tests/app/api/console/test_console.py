@@ -4,11 +4,14 @@ operator's; a revoked key ends its sessions."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from starlette.testclient import TestClient
 
 from tests.app.api.v1.test_invocations import Tenant, run
@@ -179,6 +182,38 @@ def test_the_usage_page_shows_the_apis_figures(
     assert chart["series"][0]["name"] == "fake"
     bad = client.get("/console/usage", params={"group_by": "colour"})
     assert bad.status_code == 422
+
+
+def test_the_usage_pages_csv_downloads_with_the_console_session(
+    client: TestClient, new_tenant: Callable[..., Tenant]
+) -> None:
+    """The page's CSV link is the console's own (its cookie is scoped to /console and
+    /v1 asks for an API key: the link to /v1/usage answered 401 in a browser)."""
+    tenant = new_tenant()
+    run(client, tenant, cpu_ms=2000)
+    sign_in(client, tenant["key"])
+    page = client.get("/console/usage", params={"group_by": "day,language"})
+    link = re.search(r'href="([^"]*usage\.csv[^"]*)"', page.text).group(1)  # type: ignore[union-attr]
+    assert link.startswith("/console/usage.csv?")
+    got = client.get(link.replace("&amp;", "&"))
+    assert got.status_code == 200, got.text
+    assert got.headers["content-type"].startswith("text/csv")
+    assert got.headers["content-disposition"].startswith("attachment;")
+    rows = list(csv.DictReader(io.StringIO(got.text)))
+    assert [r["language"] for r in rows] == ["fake", ""] and rows[-1]["day"] == "total"
+    api = client.get(
+        "/v1/usage",
+        params={"group_by": "day,language", "start": "2000-01-01T00:00:00Z"},
+        headers=tenant["headers"],
+    ).json()
+    assert float(rows[0]["cost"]) == pytest.approx(api["rows"][0]["cost"])
+    client.cookies.clear()
+    assert client.get("/console/usage.csv", follow_redirects=False).status_code == 303
+
+
+def test_the_servers_root_leads_a_browser_to_the_console(client: TestClient) -> None:
+    answer = client.get("/", follow_redirects=False)
+    assert answer.status_code == 307 and answer.headers["location"] == "/console"
 
 
 def test_a_next_page_elsewhere_is_not_followed(client: TestClient) -> None:
