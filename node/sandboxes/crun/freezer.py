@@ -21,6 +21,10 @@ from node.sandboxes.base import SandboxError
 FREEZE_TIMEOUT_S = 5.0
 _FIRST_POLL_S = 0.0005
 _LAST_POLL_S = 0.02
+#: every this many polls still ``FREEZING``, the group is thawed for ``KICK_THAWED_S``
+#: and frozen again
+KICK_EVERY = 10
+KICK_THAWED_S = 0.01
 
 
 class FreezeFailed(SandboxError):
@@ -43,9 +47,16 @@ async def settle_frozen(state_file: Path, *, timeout_s: float = FREEZE_TIMEOUT_S
     """Return once ``state_file`` reads ``FROZEN``; after ``timeout_s``, or if cancelled
     first, thaw the group and raise (``FreezeFailed``, or the cancellation). A
     ``THAWED`` reading means the freeze was undone (a resume won the race):
-    ``FreezeFailed`` at once, the group left as it is."""
+    ``FreezeFailed`` at once, the group left as it is.
+
+    A v1 freeze can stall in ``FREEZING`` (a task caught between fork and exec, or one
+    the kernel skipped while it slept): each poll that still reads it asks for the freeze
+    again, and every ``KICK_EVERY`` polls the group is thawed and frozen afresh, as
+    runc's own freeze does (one write and polls left a runc container ``FREEZING`` for
+    5 s under a loaded test run)."""
     deadline = time.monotonic() + timeout_s
     poll = _FIRST_POLL_S
+    polls = 0
     while True:
         state = _read(state_file)
         if state == "FROZEN":
@@ -58,13 +69,18 @@ async def settle_frozen(state_file: Path, *, timeout_s: float = FREEZE_TIMEOUT_S
                 f"{state_file.parent.name} did not freeze within {timeout_s:g} s "
                 f"(still {state}); thawed again"
             )
+        polls += 1
         try:
             await asyncio.sleep(poll)
+            if polls % KICK_EVERY == 0:
+                _write(state_file, "THAWED")
+                await asyncio.sleep(KICK_THAWED_S)
         except asyncio.CancelledError:
             # the caller gave the pause up: it did not happen, so the group runs again
             # (its record still says running)
             _write(state_file, "THAWED")
             raise
+        _write(state_file, "FROZEN")
         poll = min(poll * 2, _LAST_POLL_S)
 
 
