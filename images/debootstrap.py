@@ -121,6 +121,7 @@ def build(
                 progress=progress,
                 timeout_s=APT_TIMEOUT_S,
             )
+        _open_pip(rootfs)
         progress.stage(f"creating the sandbox user {SANDBOX_USER!r} (uid {SANDBOX_UID})")
         _add_user(rootfs)
         _set_hostname(rootfs)
@@ -145,6 +146,16 @@ def build(
         f"built in {progress.elapsed:.0f} s"
     )
     return image
+
+
+def _open_pip(rootfs: Path) -> None:
+    """``pip install`` works in the image, as in E2B's: no PEP 668 marker (an agent's
+    sandbox is its own machine; Debian's packages stay where apt put them, pip's go to
+    /usr/local)."""
+    for marker in glob.glob(
+        os.path.join(glob.escape(os.fspath(rootfs)), "usr/lib/python3*/EXTERNALLY-MANAGED")
+    ):
+        os.unlink(marker)
 
 
 def _configure_apt(rootfs: Path) -> None:

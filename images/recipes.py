@@ -45,4 +45,25 @@ PYTHON = Recipe(
     env={"PATH": DEFAULT_PATH, "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1"},
 )
 
-RECIPES: dict[str, Recipe] = {PYTHON.name: PYTHON}
+#: what E2B's code-interpreter template carries for a data-science agent, from Debian's
+#: packages: the code interpreter's charts (matplotlib), smolagents' CodeAgent (Pillow)
+DATA_PACKAGES = (
+    "python3-numpy",
+    "python3-pandas",
+    "python3-matplotlib",
+    "python3-pil",
+    "python3-scipy",
+    "python3-sklearn",
+    "python3-seaborn",
+    "python3-requests",
+    "python3-bs4",
+    "python3-lxml",
+    "python3-openpyxl",
+    "python3-sympy",
+    "python3-yaml",
+    "fonts-dejavu-core",
+)
+
+DATA = Recipe(name="data", packages=(*PYTHON.packages, *DATA_PACKAGES), env=PYTHON.env)
+
+RECIPES: dict[str, Recipe] = {PYTHON.name: PYTHON, DATA.name: DATA}

@@ -7,8 +7,10 @@
 #    and busybox-static (the tests' small parent image), skipping packages already
 #    installed; `apt-get update` runs only when something must be installed. Set
 #    CORRAL_IMAGES_SKIP_APT=1 to skip this part;
-#  * builds the default `python` image (about a minute; see docs/images.md) unless an
-#    image named `python` is already in the images dir.
+#  * builds the default `python` image (about a minute; see docs/images.md) and the `data`
+#    image (python with numpy, pandas, matplotlib, Pillow, scipy, scikit-learn, seaborn...:
+#    E2B's code-interpreter templates; two to three minutes) unless images of those names
+#    are already in the images dir.
 #
 # The images dir is CORRAL_IMAGES_DIR if set (point several checkouts or CI runs at one
 # shared cache), else $CORRAL_DATA_DIR/images, else var/images.
@@ -35,15 +37,17 @@ has_image() {
     [[ -n "$hex" && -f "$IMAGES_DIR/$hex/image.json" ]]
 }
 
-if has_image python; then
-    echo "setup-images: image python already in $IMAGES_DIR"
-else
+for name in python data; do
+    if has_image "$name"; then
+        echo "setup-images: image $name already in $IMAGES_DIR"
+        continue
+    fi
     if [[ $(id -u) -ne 0 ]]; then
-        echo "setup-images: must run as root to build the python image (debootstrap)" >&2
+        echo "setup-images: must run as root to build the $name image (debootstrap)" >&2
         exit 1
     fi
-    echo "setup-images: building the python image into $IMAGES_DIR (about a minute)"
-    CORRAL_IMAGES_DIR="$IMAGES_DIR" "$PYTHON" -m app images build python
-fi
+    echo "setup-images: building the $name image into $IMAGES_DIR"
+    CORRAL_IMAGES_DIR="$IMAGES_DIR" "$PYTHON" -m app images build "$name"
+done
 
 echo "setup-images: done"

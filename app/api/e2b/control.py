@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 #: uploads, closing stdin, the sandbox's default user; not file metadata, 0.6.2)
 ENVD_VERSION = "0.5.7"
 #: E2B's stock templates, as Corral images
-TEMPLATE_IMAGES = {"base": "python", "code-interpreter-v1": "python", "code-interpreter": "python"}
+TEMPLATE_IMAGES = {"base": "python", "code-interpreter-v1": "data", "code-interpreter": "data"}
 MAX_BODY_BYTES = 1 << 20
 #: E2B's states, which are Corral's (a sandbox still creating is not listed)
 E2B_STATES = (SandboxState.RUNNING.value, SandboxState.PAUSED.value)

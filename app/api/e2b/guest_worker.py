@@ -19,7 +19,15 @@ has a file descriptor of its own. A line ``!command`` runs ``command`` in a shel
 IPython (its failure is not the cell's error). SIGINT interrupts the running cell (its error is a
 ``KeyboardInterrupt``) and keeps the namespace.
 
-Runs on the image's python3 (3.9 or later); standard library only.
+Charts, as in a Jupyter kernel with matplotlib's inline backend: the worker is
+matplotlib's backend (``MPLBACKEND=module://corral_inline``, a module this file provides
+on import), so ``plt.show()`` sends every open figure as a ``png`` result and closes
+them, the figures a cell leaves open are sent the same way when it ends, and a
+``Figure`` as a cell's last expression (or given to ``display``) is its ``png``. pandas'
+tables come as ``html`` and ``text`` through their ``_repr_*_`` methods.
+
+Runs on the image's python3 (3.9 or later); standard library only (matplotlib when the
+code imports it).
 """
 
 from __future__ import annotations
@@ -29,6 +37,9 @@ import base64
 import builtins
 import codecs
 import contextlib
+import importlib.abc
+import importlib.util
+import io
 import json
 import linecache
 import os
@@ -51,6 +62,44 @@ _FORMATS = {
     "javascript": "_repr_javascript_",
 }
 _MARK = "\x1ecorral-sync\x1e"
+#: the matplotlib backend the worker provides (``module://`` + this name)
+BACKEND = "corral_inline"
+_BACKEND_SOURCE = """
+from matplotlib.backend_bases import FigureManagerBase as FigureManager
+from matplotlib.backends.backend_agg import FigureCanvasAgg as FigureCanvas
+
+
+def show(*args, **kwargs):
+    _show()
+"""
+
+
+class _Backend(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds and makes the ``corral_inline`` module when matplotlib asks for it."""
+
+    def __init__(self, show: Any) -> None:
+        self._show = show
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        return importlib.util.spec_from_loader(name, self) if name == BACKEND else None
+
+    def create_module(self, spec: Any) -> None:
+        return None
+
+    def exec_module(self, module: Any) -> None:
+        module._show = self._show
+        exec(compile(_BACKEND_SOURCE, f"<{BACKEND}>", "exec"), module.__dict__)
+
+
+def _is_figure(value: object) -> bool:
+    kind = type(value)
+    return kind.__name__ == "Figure" and kind.__module__ == "matplotlib.figure"
+
+
+def _png(figure: Any) -> str:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", bbox_inches="tight")
+    return base64.b64encode(buffer.getvalue()).decode()
 
 
 def shell_escapes(code: str) -> str:
@@ -86,6 +135,9 @@ class Worker:
             "display": self.display,
             "__corral_shell__": _shell,
         }
+        self._shown: set[int] = set()  #: figures sent in this cell
+        os.environ.setdefault("MPLBACKEND", f"module://{BACKEND}")
+        sys.meta_path.append(_Backend(self.show_figures))
         self._synced = {1: threading.Event(), 2: threading.Event()}
         for fd, kind in ((1, "stdout"), (2, "stderr")):
             read, write = os.pipe()
@@ -130,8 +182,27 @@ class Worker:
             os.write(fd, _MARK.encode())
             event.wait(5)
 
+    def show_figures(self) -> None:
+        """Send every open figure not sent in this cell, and close them all (what
+        ``plt.show()`` does here, and the end of a cell)."""
+        pyplot = sys.modules.get("matplotlib.pyplot")
+        if pyplot is None:
+            return
+        for number in pyplot.get_fignums():
+            figure = pyplot.figure(number)
+            if id(figure) not in self._shown:
+                self.sync()
+                self.display(figure)
+        pyplot.close("all")
+
     def display(self, value: object, *, main: bool = False) -> None:
         result: dict[str, Any] = {"type": "result", "text": repr(value), "is_main_result": main}
+        if _is_figure(value):
+            self._shown.add(id(value))
+            try:
+                result["png"] = _png(value)
+            except Exception as exc:  # a figure that cannot be drawn: its text, and why
+                result["text"] = f"{value!r} (not drawn: {type(exc).__name__}: {exc})"
         for name, method in _FORMATS.items():
             formatter = getattr(value, method, None)
             if formatter is None:
@@ -153,6 +224,7 @@ class Worker:
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
+        self._shown.clear()
         try:
             tree = ast.parse(shell_escapes(code), filename, "exec")
             last = tree.body[-1] if tree.body else None
@@ -182,6 +254,8 @@ class Worker:
                 }
             )
         finally:
+            with contextlib.suppress(Exception):
+                self.show_figures()  # what the cell drew and did not show
             for key, old in saved.items():
                 if old is None:
                     os.environ.pop(key, None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import time
 
 import pytest
@@ -87,5 +88,53 @@ def test_a_cell_past_its_timeout_is_interrupted_and_the_state_kept(corral: Corra
             )
         time.sleep(4)  # the grace for SIGINT, then the worker is killed
         assert sbx.run_code("'kept' in globals()").text == "False"  # started again, empty
+    finally:
+        sbx.kill()
+
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_charts_come_back_as_png_and_tables_as_html(corral: Corral) -> None:
+    """As E2B's interpreter: ``plt.show()`` and the figures a cell leaves open give
+    ``png`` results, a Figure as the last expression too; a DataFrame gives its HTML and
+    text; the stock data-science packages import (the ``data`` image)."""
+    sbx = Sandbox.create(timeout=120)
+    try:
+        shown = sbx.run_code(
+            "import matplotlib.pyplot as plt\n"
+            "plt.plot([1, 2, 3], [2, 4, 1])\n"
+            "plt.title('shown')\n"
+            "plt.show()\n"
+            "print('after')"
+        )
+        assert shown.error is None, shown.error
+        assert shown.logs.stdout == ["after\n"] and shown.logs.stderr == []
+        [chart] = shown.results
+        assert base64.b64decode(chart.png).startswith(PNG) and not chart.is_main_result
+
+        left_open = sbx.run_code("plt.bar(['a', 'b'], [3, 5])\nNone")
+        assert [base64.b64decode(r.png)[:8] for r in left_open.results] == [PNG]
+        assert sbx.run_code("plt.get_fignums()").text == "[]"  # shown once, then closed
+
+        figure = sbx.run_code("fig, ax = plt.subplots()\nax.plot([0, 1])\nfig")
+        [main] = figure.results
+        assert main.is_main_result and base64.b64decode(main.png).startswith(PNG)
+        assert main.text.startswith("<Figure size")
+
+        table = sbx.run_code(
+            "import numpy as np, pandas as pd\npd.DataFrame({'a': np.arange(3), 'b': list('xyz')})"
+        )
+        assert table.error is None, table.error
+        assert "<table" in table.results[0].html and "a  b" in table.text
+
+        stock = sbx.run_code(
+            "import PIL, scipy, sklearn, seaborn, requests, bs4, openpyxl, sympy\n"
+            "import subprocess\n"
+            "subprocess.run(['pip', 'install', '--dry-run', '--no-index', 'nothing'],"
+            " capture_output=True, text=True).stderr"
+        )
+        assert stock.error is None, stock.error
+        assert "externally-managed-environment" not in stock.text  # pip is not walled off
     finally:
         sbx.kill()
