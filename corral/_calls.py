@@ -107,6 +107,14 @@ def function_register(
     return Call("POST", "/v1/functions", json=body)
 
 
+def image_list() -> Call:
+    return Call("GET", "/v1/images")
+
+
+def image_get(ref: str) -> Call:
+    return Call("GET", f"/v1/images/{_seg(ref)}")
+
+
 def function_list() -> Call:
     return Call("GET", "/v1/functions")
 

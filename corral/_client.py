@@ -31,9 +31,11 @@ from corral._errors import connection_error, error_from_response
 from corral._models import SandboxInfo
 from corral._resources import (
     AsyncFunctions,
+    AsyncImages,
     AsyncKeys,
     AsyncTenants,
     Functions,
+    Images,
     Keys,
     Tenants,
 )
@@ -67,6 +69,7 @@ class Corral:
         )
         self.sandboxes = Sandboxes(self)
         self.functions = Functions(self)
+        self.images = Images(self)
         self.tenants = Tenants(self)
         self.keys = Keys(self)
 
@@ -251,6 +254,7 @@ class AsyncCorral:
         )
         self.sandboxes = AsyncSandboxes(self)
         self.functions = AsyncFunctions(self)
+        self.images = AsyncImages(self)
         self.tenants = AsyncTenants(self)
         self.keys = AsyncKeys(self)
 

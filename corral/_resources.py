@@ -1,4 +1,4 @@
-"""``client.tenants``, ``client.keys`` and ``client.functions`` of ``Corral`` and
+"""``client.tenants``, ``client.keys``, ``client.images`` and ``client.functions`` of ``Corral`` and
 ``AsyncCorral``: each method sends one ``_calls.Call`` and returns the API's JSON answer.
 
 ``tenants`` and ``keys`` need the admin key as the client's ``api_key``; ``functions``
@@ -45,6 +45,21 @@ class Keys:
 
     def revoke(self, tenant_id: str, key_id: str) -> dict[str, Any]:
         return self._client._call(_calls.key_revoke(tenant_id, key_id))
+
+
+class Images:
+    """``client.images``: the images sandboxes are created from."""
+
+    def __init__(self, client: Corral) -> None:
+        self._client = client
+
+    def list(self) -> dict[str, Any]:
+        """``{"images": [...]}``: name, digest, size, what commands run as, templates."""
+        return self._client._call(_calls.image_list())
+
+    def get(self, ref: str) -> dict[str, Any]:
+        """One image, by name or digest (``ImageNotFound`` if there is none)."""
+        return self._client._call(_calls.image_get(ref))
 
 
 class Functions:
@@ -109,6 +124,19 @@ class AsyncKeys:
 
     async def revoke(self, tenant_id: str, key_id: str) -> dict[str, Any]:
         return await self._client._call(_calls.key_revoke(tenant_id, key_id))
+
+
+class AsyncImages:
+    """``client.images`` of ``AsyncCorral``."""
+
+    def __init__(self, client: AsyncCorral) -> None:
+        self._client = client
+
+    async def list(self) -> dict[str, Any]:
+        return await self._client._call(_calls.image_list())
+
+    async def get(self, ref: str) -> dict[str, Any]:
+        return await self._client._call(_calls.image_get(ref))
 
 
 class AsyncFunctions:

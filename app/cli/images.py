@@ -1,5 +1,6 @@
-"""``images``: build, import, list and remove this machine's container images, on the
-local store (``images``) as the node reads it: no server involved."""
+"""``images``: the images sandboxes are created from. ``ls`` asks the server
+(``GET /v1/images``, any tenant's key); ``ls --local``, ``build``, ``import`` and ``rm``
+act on this machine's store (``images``) as its node reads it: no server involved."""
 
 from __future__ import annotations
 
@@ -9,14 +10,17 @@ from typing import TYPE_CHECKING
 import click
 from pydantic import ValidationError
 
+from app.cli.root import client, key_option, url_option
+
 if TYPE_CHECKING:
     from images import Image, ImageStore, Progress
 
 
 @click.group()
 def images() -> None:
-    """Build, import, list and remove this machine's container images
-    [CORRAL_IMAGES_DIR, default <CORRAL_DATA_DIR>/images]."""
+    """The images sandboxes are created from: list them (the server's); build, import,
+    list (--local) and remove this machine's [CORRAL_IMAGES_DIR, default
+    <CORRAL_DATA_DIR>/images]."""
 
 
 def _image_store() -> ImageStore:
@@ -109,17 +113,37 @@ def images_import(file: Path, name: str) -> None:
 
 
 @images.command("ls")
-def images_ls() -> None:
-    """List the images: name, digest (short), size, created."""
+@click.option(
+    "--local", is_flag=True, help="This machine's store, not the server's list (no key needed)."
+)
+@url_option
+@key_option
+def images_ls(local: bool, url: str, api_key: str | None) -> None:
+    """List the images: name, digest (short), size, created; the server's (a tenant's
+    or the admin key), or with --local this machine's store."""
+    click.echo(f"{'NAME':<24} {'DIGEST':<12} {'SIZE':>10}  CREATED")
+    if not local:
+        with client(url, api_key) as sdk:
+            listed = sdk.images.list()["images"]
+        for item in listed:
+            click.echo(_row(item["name"], item["digest"], item["size_bytes"], item["created_at"]))
+        return
     from images import ImageError
 
     try:
         found = _image_store().list()
     except ImageError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(f"{'NAME':<24} {'DIGEST':<12} {'SIZE':>10}  CREATED")
     for image in found:
         click.echo(_image_line(image))
+
+
+def _row(name: str, digest: str, size_bytes: int, created: str) -> str:
+    import datetime
+
+    when = datetime.datetime.fromisoformat(created).astimezone().strftime("%Y-%m-%d %H:%M")
+    short = digest.removeprefix("sha256:")[:12]
+    return f"{name or '<none>':<24} {short:<12} {f'{size_bytes / 1e6:.1f} MB':>10}  {when}"
 
 
 @images.command("rm")

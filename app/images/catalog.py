@@ -23,6 +23,10 @@ from wire.images import DIGEST
 
 log = logging.getLogger(__name__)
 
+#: E2B's stock templates, as Corral images (a create through the E2B API names a template;
+#: any other name is an image name)
+TEMPLATE_IMAGES = {"base": "python", "code-interpreter-v1": "data", "code-interpreter": "data"}
+
 
 class ControlImages:
     def __init__(self, images_dir: Path) -> None:
@@ -47,6 +51,28 @@ class ControlImages:
             log.warning("image %r: the control plane's store cannot resolve it: %s", ref, exc)
             return None
         return image.digest
+
+    async def list(self) -> list[Image]:
+        """Every image in this store (none without a store)."""
+        if self.store is None:
+            return []
+        try:
+            return await asyncio.to_thread(self.store.list)
+        except ImageError as exc:
+            log.warning("the control plane's image store cannot be listed: %s", exc)
+            return []
+
+    async def find(self, ref: str) -> Image | None:
+        """The image ``ref`` names (a name, a digest or a prefix of one), or None."""
+        if self.store is None:
+            return None
+        try:
+            return await asyncio.to_thread(self.store.resolve, ref)
+        except StoreImageNotFound:
+            return None
+        except ImageError as exc:
+            log.warning("image %r: the control plane's store cannot resolve it: %s", ref, exc)
+            return None
 
     async def get(self, digest: str) -> Image:
         """The image of the full digest ``digest``, to serve to a node."""

@@ -3,7 +3,8 @@
 Every operation goes through ``app.sandboxes.service.Sandboxes`` (the tenant's records,
 its ``max_concurrent_sandboxes``, placement, the node that holds the sandbox), exactly as
 ``/v1/sandboxes`` does; only the shapes differ. A template names a Corral image
-(``TEMPLATE_IMAGES`` maps E2B's stock names to ``python``), ``timeout`` is the TTL,
+(``app.images.catalog.TEMPLATE_IMAGES`` maps E2B's stock names to Corral's
+images), ``timeout`` is the TTL,
 ``metadata`` and ``envVars`` pass through. A timeout (a create's, ``/timeout``,
 ``/refreshes``, a connect's or resume's that extends the sandbox) that would end it after
 its creation plus the tenant's ``max_sandbox_lifetime_seconds`` is refused with 400, as
@@ -42,6 +43,7 @@ from app.auth.principal import Principal
 from app.db.cursors import decode_cursor, encode_cursor
 from app.db.models import Sandbox
 from app.errors import BadRequest, Conflict, NotFound, ValidationFailed
+from app.images.catalog import TEMPLATE_IMAGES
 from app.sandboxes import lifetime
 from app.sandboxes.listing import GONE, Filters
 from app.schemas.sandboxes import CreateSandbox
@@ -52,8 +54,6 @@ log = logging.getLogger(__name__)
 #: what the create answer says envd is: the features the SDK may use with it (octet-stream
 #: uploads, closing stdin, the sandbox's default user; not file metadata, 0.6.2)
 ENVD_VERSION = "0.5.7"
-#: E2B's stock templates, as Corral images
-TEMPLATE_IMAGES = {"base": "python", "code-interpreter-v1": "data", "code-interpreter": "data"}
 MAX_BODY_BYTES = 1 << 20
 #: E2B's states, which are Corral's (a sandbox still creating is not listed)
 E2B_STATES = (SandboxState.RUNNING.value, SandboxState.PAUSED.value)

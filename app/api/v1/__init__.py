@@ -6,6 +6,7 @@ from app.api.v1 import (
     admin,
     functions,
     health,
+    images,
     invocations,
     run,
     runtimes,
@@ -25,6 +26,7 @@ ENDPOINTS: list[Endpoint] = [
     *sandboxfusion.endpoints,
     *functions.endpoints,
     *sandboxes.endpoints,
+    *images.endpoints,
     *usage.endpoints,
     *admin.endpoints,
 ]

@@ -32,16 +32,16 @@ def test_images_dir_setting() -> None:
 
 def test_ls_and_rm(tmp_path: Path) -> None:
     images_dir = tmp_path / "images"
-    empty = images(images_dir, "ls")
+    empty = images(images_dir, "ls", "--local")
     assert empty.exit_code == 0, empty.output
     assert empty.stdout.split() == ["NAME", "DIGEST", "SIZE", "CREATED"]
     digest = add_image(images_dir, tmp_path, "alpha")
-    listed = images(images_dir, "ls")
+    listed = images(images_dir, "ls", "--local")
     row = listed.stdout.splitlines()[1].split()
     assert row[:4] == ["alpha", digest[7:19], "0.0", "MB"]
     removed = images(images_dir, "rm", "alpha")
     assert removed.exit_code == 0 and removed.stdout == "removed alpha\n"
-    assert images(images_dir, "ls").stdout.count("\n") == 1
+    assert images(images_dir, "ls", "--local").stdout.count("\n") == 1
 
 
 def test_rm_unknown_is_a_clean_error(tmp_path: Path) -> None:
@@ -53,12 +53,14 @@ def test_rm_unknown_is_a_clean_error(tmp_path: Path) -> None:
 def test_build_without_a_recipe_or_dockerfile_says_what_exists(tmp_path: Path) -> None:
     result = images(tmp_path / "images", "build", "ruby")
     assert result.exit_code == 2
-    assert "no built-in recipe 'ruby' (there are: python)" in result.stderr
+    assert "no built-in recipe 'ruby' (there are: data, python)" in result.stderr
     assert "-f Dockerfile" in result.stderr
 
 
 def test_the_images_dir_follows_the_data_dir(tmp_path: Path) -> None:
-    result = CliRunner().invoke(main, ["images", "ls"], env={"CORRAL_DATA_DIR": str(tmp_path)})
+    result = CliRunner().invoke(
+        main, ["images", "ls", "--local"], env={"CORRAL_DATA_DIR": str(tmp_path)}
+    )
     assert result.exit_code == 0, result.output
     assert (tmp_path / "images/names").is_dir()
 
@@ -80,6 +82,9 @@ def test_import_a_rootfs_tar(tmp_path: Path) -> None:
     name, digest = result.stdout.split()
     assert name == "tiny" and digest.startswith("sha256:")
     assert "importing" in result.stderr and "(rootfs)" in result.stderr
-    assert images(images_dir, "ls").stdout.splitlines()[1].split()[:2] == ["tiny", digest[7:19]]
+    assert images(images_dir, "ls", "--local").stdout.splitlines()[1].split()[:2] == [
+        "tiny",
+        digest[7:19],
+    ]
     bad = images(images_dir, "import", str(archive), "--name", "../x")
     assert bad.exit_code == 1 and "invalid image name" in bad.stderr
