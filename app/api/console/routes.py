@@ -8,6 +8,7 @@ import hmac
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
@@ -67,9 +68,24 @@ def _sessions(request: Request) -> ConsoleSessions:
     )
 
 
-def page(handler: Page, *, admin: bool = False) -> Callable[[Request], Awaitable[Response]]:
+@dataclass(frozen=True)
+class Confirm:
+    """A destructive action asks first: ``question`` (and ``verb`` on its button), unless
+    the form says ``confirmed=yes`` (the confirmation page's own form, or the page's
+    script after the browser's dialog); ``back`` is where Cancel leads. ``applies``
+    chooses the forms that need it (Enable needs none, Disable does)."""
+
+    question: str
+    verb: str
+    back: str
+    applies: Callable[[Any], bool] = lambda form: True
+
+
+def page(
+    handler: Page, *, admin: bool = False, confirm: Callable[[Request], Confirm] | None = None
+) -> Callable[[Request], Awaitable[Response]]:
     """A page for signed-in users (``admin``: the operator only); a POST must carry the
-    session's CSRF token."""
+    session's CSRF token, and one of a destructive action (``confirm``) its confirmation."""
 
     async def endpoint(request: Request) -> Response:
         try:
@@ -99,6 +115,23 @@ def page(handler: Page, *, admin: bool = False) -> Callable[[Request], Awaitable
             return render(
                 request, user, "error.html", {"message": "this page is the operator's"}, 403
             )
+        if request.method == "POST" and confirm is not None:
+            asked = confirm(request)
+            form = await request.form()
+            if asked.applies(form) and form.get("confirmed") != "yes":
+                fields = [(k, str(v)) for k, v in form.multi_items() if isinstance(v, str)]
+                return render(
+                    request,
+                    user,
+                    "confirm.html",
+                    {
+                        "question": asked.question,
+                        "verb": asked.verb,
+                        "back": asked.back,
+                        "action": request.url.path,
+                        "fields": fields,
+                    },
+                )
         return await handler(request, user)
 
     return endpoint
@@ -262,6 +295,34 @@ async def create_key(request: Request, user: User) -> Response:
     except CorralError as exc:
         return await tenant_page(request, user, error=exc.message)
     return await tenant_page(request, user, new_key=created["api_key"])
+
+
+def _killing(request: Request) -> Confirm:
+    sandbox_id = request.path_params["sandbox_id"]
+    return Confirm(
+        f"Kill the sandbox {sandbox_id}? Its processes and files are gone for good.",
+        "Kill",
+        f"/console/sandboxes/{sandbox_id}",
+    )
+
+
+def _revoking(request: Request) -> Confirm:
+    key_id, tenant_id = request.path_params["key_id"], request.path_params["tenant_id"]
+    return Confirm(
+        f"Revoke the key {key_id}? Every client and console session using it is refused at once.",
+        "Revoke",
+        f"/console/tenants/{tenant_id}",
+    )
+
+
+def _disabling(request: Request) -> Confirm:
+    tenant_id = request.path_params["tenant_id"]
+    return Confirm(
+        f"Disable the tenant {tenant_id}? All its keys are refused until it is enabled again.",
+        "Disable",
+        f"/console/tenants/{tenant_id}",
+        applies=lambda form: form.get("disabled") == "true",
+    )
 
 
 async def revoke_key(request: Request, user: User) -> Response:
@@ -478,11 +539,15 @@ def routes() -> list[BaseRoute]:
         Route("/console/tenants", page(tenants_page, admin=True), methods=["GET"]),
         Route("/console/tenants", page(create_tenant, admin=True), methods=["POST"]),
         Route("/console/tenants/{tenant_id}", page(tenant_page, admin=True), methods=["GET"]),
-        Route("/console/tenants/{tenant_id}", page(update_tenant, admin=True), methods=["POST"]),
+        Route(
+            "/console/tenants/{tenant_id}",
+            page(update_tenant, admin=True, confirm=_disabling),
+            methods=["POST"],
+        ),
         Route("/console/tenants/{tenant_id}/keys", page(create_key, admin=True), methods=["POST"]),
         Route(
             "/console/tenants/{tenant_id}/keys/{key_id}/revoke",
-            page(revoke_key, admin=True),
+            page(revoke_key, admin=True, confirm=_revoking),
             methods=["POST"],
         ),
         Route("/console/run", page(run_form), methods=["GET"]),
@@ -512,7 +577,7 @@ def routes() -> list[BaseRoute]:
         *(
             Route(
                 f"/console/sandboxes/{{sandbox_id}}/{name}",
-                page(sandbox_pages.action(name)),
+                page(sandbox_pages.action(name), confirm=_killing if name == "kill" else None),
                 methods=["POST"],
             )
             for name in ("pause", "resume", "kill")

@@ -1,6 +1,23 @@
 // Progressive enhancement only: every page works without this file.
 "use strict";
 
+// A destructive action asks first: the browser's dialog, then the form goes with
+// confirmed=yes (without this script, the server asks on a page of its own).
+document.addEventListener("submit", (event) => {
+  const form = event.target;
+  const question = form instanceof HTMLFormElement ? form.dataset.confirm : undefined;
+  if (!question) return;
+  if (!window.confirm(question)) {
+    event.preventDefault();
+    return;
+  }
+  if (!form.querySelector("input[name=confirmed]")) {
+    const yes = document.createElement("input");
+    Object.assign(yes, { type: "hidden", name: "confirmed", value: "yes" });
+    form.append(yes);
+  }
+});
+
 // The overview's figures, live (server-sent events).
 (function live() {
   const box = document.getElementById("live");

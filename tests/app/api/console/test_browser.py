@@ -150,8 +150,11 @@ def test_an_operator_and_a_tenant_at_work(wide: Any, server_url: str, shots: Pat
     page.wait_for_selector("#state:has-text('paused')")
     page.click("button:has-text('Resume')")
     page.wait_for_selector("#state:has-text('running')")
+    asked: list[str] = []
+    page.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.accept()))
     page.click("button:has-text('Kill')")
     page.wait_for_selector("#state:has-text('stopped')")
+    assert asked and asked[0].startswith("Kill the sandbox sbx_")
 
 
 def test_the_overview_updates_live_and_fits_a_phone(
@@ -306,6 +309,7 @@ def test_a_tenant_runs_real_code_and_a_real_container_from_the_console(
         row = page.locator("#files tr", has_text="made.txt")
         assert row.locator("td").nth(2).inner_text() == "7"
         page.screenshot(path=shots / "sandbox-crun.png", full_page=True)
+        page.once("dialog", lambda dialog: dialog.accept())
         page.click("button:has-text('Kill')")
         page.wait_for_selector("#state:has-text('stopped')", timeout=30_000)
     finally:

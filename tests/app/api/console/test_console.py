@@ -121,6 +121,41 @@ def test_the_operator_creates_a_tenant_and_changes_its_quota(client: TestClient)
     assert ran.status_code == 200
 
 
+def test_disabling_a_tenant_and_revoking_a_key_ask_first(client: TestClient) -> None:
+    """Destructive actions take two steps (newcomer review 3, #43: one click revoked a
+    key); enabling again, a harmless change, takes one."""
+    csrf = sign_in(client, ADMIN_KEY)
+    made = client.post("/console/tenants", data={"name": "careful-t", "csrf": csrf})
+    tenant_id = re.search(r"<code>(ten_[^<]+)</code>", made.text).group(1)  # type: ignore[union-attr]
+    key_id = re.search(r"/keys/(key_[^/]+)/revoke", made.text).group(1)  # type: ignore[union-attr]
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+    asked = client.post(f"/console/tenants/{tenant_id}", data={"csrf": csrf, "disabled": "true"})
+    assert "Are you sure?" in asked.text and f"Disable the tenant {tenant_id}?" in asked.text
+    assert client.get(f"/v1/tenants/{tenant_id}", headers=admin).json()["disabled"] is False
+    done = client.post(
+        f"/console/tenants/{tenant_id}",
+        data={"csrf": csrf, "disabled": "true", "confirmed": "yes"},
+        follow_redirects=True,
+    )
+    assert done.status_code == 200 and "Disabled: its keys are refused." in done.text
+    enabled = client.post(
+        f"/console/tenants/{tenant_id}",
+        data={"csrf": csrf, "disabled": "false"},
+        follow_redirects=True,
+    )
+    assert "Active." in enabled.text  # no question for that
+
+    revoke = f"/console/tenants/{tenant_id}/keys/{key_id}/revoke"
+    asked = client.post(revoke, data={"csrf": csrf})
+    assert f"Revoke the key {key_id}?" in asked.text
+    keys = client.get(f"/v1/tenants/{tenant_id}/keys", headers=admin).json()["keys"]
+    assert [k["revoked_at"] for k in keys] == [None]
+    client.post(revoke, data={"csrf": csrf, "confirmed": "yes"})
+    keys = client.get(f"/v1/tenants/{tenant_id}/keys", headers=admin).json()["keys"]
+    assert keys[0]["revoked_at"] is not None
+
+
 def test_a_tenant_runs_code_and_sees_only_its_own_invocations(
     client: TestClient, new_tenant: Callable[..., Tenant]
 ) -> None:
@@ -264,12 +299,20 @@ def test_a_tenant_works_in_a_sandbox_and_the_operator_only_looks(
     assert sandbox_id in seen.text and tenant["id"] in seen.text
     detail = client.get(f"/console/sandboxes/{sandbox_id}")
     assert detail.status_code == 200 and "Run a command" not in detail.text
-    acted = client.post(f"/console/sandboxes/{sandbox_id}/kill", data={"csrf": admin_csrf})
+    acted = client.post(
+        f"/console/sandboxes/{sandbox_id}/kill", data={"csrf": admin_csrf, "confirmed": "yes"}
+    )
     assert acted.status_code == 200 and "tenant" in acted.text  # the tenant's to do
 
     client.cookies.clear()
     csrf = sign_in(client, key)  # a new session, a new CSRF token
-    killed = client.post(f"/console/sandboxes/{sandbox_id}/kill", data={"csrf": csrf})
+    asked = client.post(f"/console/sandboxes/{sandbox_id}/kill", data={"csrf": csrf})
+    assert asked.status_code == 200 and "Are you sure?" in asked.text  # not killed yet
+    assert f"Kill the sandbox {sandbox_id}?" in asked.text
+    assert '<dd id="state">paused</dd>' in client.get(f"/console/sandboxes/{sandbox_id}").text
+    confirmation = dict(re.findall(r'name="([^"]+)" value="([^"]*)"', asked.text))
+    assert confirmation == {"csrf": csrf, "confirmed": "yes"}
+    killed = client.post(f"/console/sandboxes/{sandbox_id}/kill", data=confirmation)
     assert '<dd id="state">stopped</dd>' in killed.text
     # a stopped sandbox's live stream says so once and ends
     [(name, figures), done] = server_sent(client, f"/console/sandboxes/{sandbox_id}/live")
