@@ -5,6 +5,7 @@ session's CSRF token and done by the API's own endpoint (``app.api.console.actio
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
@@ -21,7 +22,7 @@ from starlette.staticfiles import StaticFiles
 
 from app.api.console import functions as function_pages
 from app.api.console import live as live_updates
-from app.api.console import overview
+from app.api.console import names, overview
 from app.api.console import sandboxes as sandbox_pages
 from app.api.console.actions import perform
 from app.api.console.render import HERE, render, services_of
@@ -361,6 +362,8 @@ FILTERS = ("status", "language", "kind", "function", "before")
 async def invocations_page(request: Request, user: User) -> Response:
     q = request.query_params
     filters = {k: q.get(k, "") for k in FILTERS}
+    if user.is_admin:
+        filters["tenant"] = q.get("tenant", "")
     error = None
     before = None
     try:
@@ -371,17 +374,28 @@ async def invocations_page(request: Request, user: User) -> Response:
     except (ValueError, ValidationFailed):
         error, after_row = "a filter or the page is not valid", None
     async with services_of(request).sessions() as session:
-        rows = await repo.list_for_tenant(
-            session,
-            tenant_id=user.tenant_id,
-            limit=PAGE,
-            status=filters["status"] or None,
-            kind=filters["kind"] or None,
-            language=filters["language"] or None,
-            function_version_id=filters["function"] or None,
-            before=before,
-            after_row=after_row,
+        tenant_id = user.tenant_id
+        if filters.get("tenant"):
+            tenant_id = await names.tenant_id(session, filters["tenant"])
+        rows = (
+            []
+            if tenant_id is None and filters.get("tenant")
+            else await repo.list_for_tenant(
+                session,
+                tenant_id=tenant_id,
+                limit=PAGE,
+                status=filters["status"] or None,
+                kind=filters["kind"] or None,
+                language=filters["language"] or None,
+                function_version_id=filters["function"] or None,
+                before=before,
+                after_row=after_row,
+            )
         )
+        tenant_names = await names.tenants(session, (r.tenant_id for r in rows))
+        functions = await names.function_versions(session, (r.function_version_id for r in rows))
+    if filters.get("tenant") and tenant_id is None:
+        error = f"no tenant named {filters['tenant']!r}"
     older = None
     if len(rows) == PAGE:
         kept = {k: v for k, v in filters.items() if v}
@@ -390,7 +404,14 @@ async def invocations_page(request: Request, user: User) -> Response:
         request,
         user,
         "invocations.html",
-        {"rows": rows, "filters": filters, "older": older, "error": error},
+        {
+            "rows": rows,
+            "filters": filters,
+            "older": older,
+            "error": error,
+            "tenant_names": tenant_names,
+            "functions": functions,
+        },
     )
 
 
@@ -426,6 +447,16 @@ async def invocation_page(request: Request, user: User) -> Response:
         return render(request, user, "error.html", {"message": exc.message}, 404)
     shown = invocation_out(row, await projection.load(sessions, row)).model_dump(mode="json")
     request_fields = row.request or {}
+    async with sessions() as session:
+        tenant_name = (await names.tenants(session, [row.tenant_id])).get(row.tenant_id, "")
+        function = (await names.function_versions(session, [row.function_version_id])).get(
+            row.function_version_id or "", ""
+        )
+    function_input = (
+        json.dumps(request_fields["input"], indent=2, ensure_ascii=False)
+        if row.kind == "function" and "input" in request_fields
+        else ""
+    )
     return render(
         request,
         user,
@@ -435,6 +466,9 @@ async def invocation_page(request: Request, user: User) -> Response:
             "row": row,
             "code": request_fields.get("code", ""),
             "stdin": request_fields.get("stdin", ""),
+            "tenant_name": tenant_name,
+            "function": function,
+            "function_input": function_input,
         },
     )
 

@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from app.api.console import live as live_updates
+from app.api.console import names
 from app.api.console.actions import perform
 from app.api.console.render import render, services_of
 from app.api.console.sessions import User
@@ -47,10 +48,12 @@ async def list_page(request: Request, user: User, **context: Any) -> Response:
             return render(request, user, "error.html", {"message": exc.message}, 422)
         async with services_of(request).sessions() as session:
             rows = list((await session.scalars(query)).all())
+            tenant_names = await names.tenants(session, (r.tenant_id for r in rows))
         shown = [
             {
                 "id": r.id,
                 "tenant_id": r.tenant_id,
+                "tenant_name": tenant_names.get(r.tenant_id, ""),
                 "state": r.state,
                 "image": r.image,
                 "backend": r.backend,

@@ -41,7 +41,11 @@ def tenant(client: TestClient) -> dict[str, Any]:
     made = client.post("/v1/tenants", json=body, headers=ADMIN)
     assert made.status_code == 201, made.text
     data = made.json()
-    return {"id": data["tenant"]["id"], "key": data["key"]["api_key"]}
+    return {
+        "id": data["tenant"]["id"],
+        "name": data["tenant"]["name"],
+        "key": data["key"]["api_key"],
+    }
 
 
 def register(client: TestClient, csrf: str, **fields: Any) -> Any:
@@ -100,6 +104,15 @@ def test_a_tenant_registers_and_invokes_a_function_from_the_page(
         f"/v1/invocations/{invocation_id}", headers={"Authorization": f"Bearer {mine['key']}"}
     )
     assert recorded.status_code == 200 and recorded.json()["status"] == "succeeded"
+    # its page says which function and version ran, on what input, and when
+    shown = client.get(f"/console/invocations/{invocation_id}").text
+    assert '<dd id="function">summer v1</dd>' in shown
+    assert '<pre id="input">{\n  &#34;xs&#34;: [\n    2,\n    3\n  ]\n}</pre>' in shown
+    assert 'id="created"' in shown and 'id="finished"' in shown
+    listed = client.get("/console/invocations", params={"kind": "function"}).text
+    assert (
+        '<td class="name">summer v1</td>' in listed and '<td class="name">summer v2</td>' in listed
+    )
 
     # input the schema refuses, input that is not JSON: said on the page, nothing run
     refused = invoke(client, csrf, '{"xs": ["a"]}')
@@ -120,6 +133,15 @@ def test_a_tenant_registers_and_invokes_a_function_from_the_page(
     sign_in(client, ADMIN_KEY)
     everyone = client.get("/console/functions")
     assert "summer" in everyone.text and mine["id"] in everyone.text
+    # invocations by the tenant's name, not its id; filtered by it
+    mine_only = client.get("/console/invocations", params={"tenant": mine["name"]}).text
+    assert f'title="{mine["id"]}">{mine["name"]}</td>' in mine_only
+    assert mine_only.count("<tr><td><a href=") >= 2
+    assert "no tenant named" in client.get("/console/invocations", params={"tenant": "nope"}).text
+    assert (
+        f'<dd id="tenant" title="{mine["id"]}">{mine["name"]}</dd>'
+        in client.get(f"/console/invocations/{invocation_id}").text
+    )
     looked = client.get("/console/functions/summer", params={"tenant": mine["id"]})
     assert looked.status_code == 200 and 'id="invoke"' not in looked.text
     assert client.get("/console/functions/summer").status_code == 404  # no tenant named
