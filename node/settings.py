@@ -16,6 +16,7 @@ from typing import Any, Self
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from node.sandboxes.dns import parse_upstream
 from node.sandboxes.network import DEFAULT_DENY
 
 #: Memory per execution slot when the slots are derived from the node's memory: what a
@@ -170,6 +171,12 @@ class NodeSettings(BaseSettings):
         "and CGNAT by default: add the cluster's own; loopback, link-local and multicast "
         "are always closed).",
     )
+    sandbox_dns: list[str] = Field(
+        default_factory=list,
+        description="Resolvers the node asks for the names its sandboxes may look up beyond "
+        "their allow list's (``IP``, ``IP:PORT``); empty: the host's /etc/resolv.conf "
+        "(node/sandboxes/dns.py).",
+    )
     sandbox_user_namespaces: bool = Field(
         True,
         description="Run each container sandbox in a user namespace of its own (root inside "
@@ -209,6 +216,11 @@ class NodeSettings(BaseSettings):
                 IPv4Network(network, strict=False)
             except ValueError as exc:
                 raise ValueError(f"sandbox network setting {network!r}: {exc}") from None
+        for resolver in self.sandbox_dns:
+            try:
+                parse_upstream(resolver)
+            except ValueError as exc:
+                raise ValueError(f"sandbox resolver {resolver!r}: {exc}") from None
         if self.heartbeat_seconds * 2 > self.node_dead_after_seconds:
             raise ValueError(
                 "CORRAL_NODE_DEAD_AFTER_SECONDS must be at least twice CORRAL_HEARTBEAT_SECONDS"

@@ -15,7 +15,9 @@ The rules live on the host, where nothing inside a sandbox can change them (root
 sandbox has no CAP_NET_ADMIN in any case), and are keyed by the interface a packet came
 in on, not by its source address:
 
-- to the node itself (any of its addresses, the host end included): rejected;
+- to the node itself (any of its addresses, the host end included): rejected, but for
+  DNS (port 53, UDP and TCP) to the host end of the interface the packet came in on,
+  where the node answers that sandbox's queries (``node.sandboxes.dns``);
 - into a sandbox: only replies to connections it opened (another sandbox, or anything
   outside, cannot open a connection to it);
 - IPv6 from a sandbox: dropped (its ``eth0`` has an IPv4 address only);
@@ -28,9 +30,9 @@ in on, not by its source address:
 - leaving the node: masqueraded behind the node's address.
 
 Host names in a list are resolved on the node when the sandbox is attached (IPv4), the
-addresses pinned in the rules and written to the sandbox's ``/etc/hosts``. A name that
-does not resolve, or resolves only to denied addresses, refuses the create (400
-``invalid_network``).
+addresses pinned in the rules and written to the sandbox's ``/etc/hosts``, and answered
+by the sandbox's resolver. A name that does not resolve, or resolves only to denied
+addresses, refuses the create (400 ``invalid_network``).
 
 ``detach`` removes the chain, the map entry and the host end (deleting the container
 deletes its namespace and the veth with it). Each attachment is kept on disk by the
@@ -58,6 +60,7 @@ from pathlib import Path
 from node import threadspawn
 from node.children import communicate
 from node.sandboxes.base import BackendUnavailable, SandboxError
+from node.sandboxes.dns import SandboxResolver, host_resolvers, parse_upstream
 from wire.sandboxes import Destination, NetworkPolicy, parse_destination
 
 log = logging.getLogger(__name__)
@@ -93,6 +96,8 @@ class Attachment:
     interface: str
     #: name -> addresses, as written to the sandbox's /etc/hosts
     hosts: dict[str, list[str]]
+    #: its resolver answers any name (the list allows 0.0.0.0/0), not only ``hosts``
+    any_name: bool = False
 
     @property
     def chain(self) -> str:
@@ -115,7 +120,16 @@ class Rule:
 class Network:
     """The node's sandbox network: addresses, interfaces and nftables rules."""
 
-    def __init__(self, cidr: str, deny: Iterable[str], *, lock_dir: Path = LOCK_DIR) -> None:
+    def __init__(
+        self,
+        cidr: str,
+        deny: Iterable[str],
+        *,
+        resolvers: Iterable[str] = (),
+        lock_dir: Path = LOCK_DIR,
+    ) -> None:
+        """``resolvers``: where the sandboxes' resolver forwards names it may answer and
+        does not know (``IP[:PORT]``; none: the host's ``/etc/resolv.conf``)."""
         self.cidr = IPv4Network(cidr)
         if self.cidr.prefixlen > 28:
             raise ValueError(f"sandbox network {cidr} is too small: a /28 at least")
@@ -128,6 +142,9 @@ class Network:
         self._lock_path = lock_dir / f"network-{tag}.lock"
         self._lock_fd: int | None = None
         self._taken: set[int] = set()
+        listed = [parse_upstream(r) for r in resolvers]
+        self.upstream = listed or host_resolvers()
+        self._resolvers: dict[int, SandboxResolver] = {}
         self._lock = asyncio.Lock()
         self._started = False
 
@@ -145,6 +162,11 @@ class Network:
             self._taken = {a.index for a in held}
             if _which("nft") and self._own():
                 await self._reconcile(set(self._taken))
+        for attachment in held:
+            try:
+                await self._serve_dns(attachment)
+            except BackendUnavailable as exc:
+                log.warning("sandbox %s keeps no resolver: %s", attachment.interface, exc)
 
     def _own(self) -> bool:
         """Hold this network's host-wide lock (released when the process ends): one node
@@ -167,6 +189,9 @@ class Network:
         return True
 
     async def close(self) -> None:
+        for resolver in list(self._resolvers.values()):
+            await resolver.close()
+        self._resolvers.clear()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -210,6 +235,10 @@ class Network:
         for chain, hook in hooks.items():
             lines += [f"add chain {t} {chain} {{ {hook} }}", f"flush chain {t} {chain}"]
         for rule in (
+            # DNS to the sandbox's own gateway (the host end of its interface), where
+            # the node answers it: nowhere else on the node
+            f"input iifname {ifaces} fib daddr . iif type local "
+            "meta l4proto { tcp, udp } th dport 53 accept",
             f"input iifname {ifaces} {REFUSE_TCP}",
             f"input iifname {ifaces} {REFUSE}",
             f"forward oifname {ifaces} ct state established,related accept",
@@ -248,7 +277,7 @@ class Network:
     # --- attach and detach ---------------------------------------------------------------
     async def attach(self, sandbox_id: str, pid: int, policy: NetworkPolicy) -> Attachment:
         """Give the sandbox whose init is ``pid`` its interface and rules."""
-        rules, hosts = await self._resolve(policy)
+        rules, hosts, any_name = await self._resolve(policy)
         async with self._lock:
             await self._ensure_started()
             index = next((i for i in range(1, self.capacity) if i not in self._taken), None)
@@ -262,10 +291,12 @@ class Network:
             sandbox_ip=str(IPv4Address(base + 2)),
             interface=f"{self.prefix}{index}",
             hosts=hosts,
+            any_name=any_name,
         )
         try:
             await self._link(attachment, pid)
             await _run("nft", "-f", "-", stdin=self._chain(attachment, rules))
+            await self._serve_dns(attachment)
         except BaseException:
             await asyncio.shield(self.detach(attachment))
             raise
@@ -277,6 +308,24 @@ class Network:
             len(rules),
         )
         return attachment
+
+    async def _serve_dns(self, attachment: Attachment) -> None:
+        """The sandbox's resolver, on its gateway address (``node.sandboxes.dns``)."""
+        if attachment.index in self._resolvers:
+            return  # a backend started again (adopt): already served
+        resolver = SandboxResolver(
+            interface=attachment.interface,
+            gateway=attachment.host_ip,
+            sandbox_ip=attachment.sandbox_ip,
+            names=attachment.hosts,
+            any_name=attachment.any_name,
+            upstream=self.upstream,
+        )
+        try:
+            await resolver.start()
+        except OSError as exc:
+            raise BackendUnavailable(str(exc)) from exc
+        self._resolvers[attachment.index] = resolver
 
     async def _link(self, attachment: Attachment, pid: int) -> None:
         host, inside = attachment.interface, f"{attachment.sandbox_ip}/30"
@@ -324,6 +373,9 @@ class Network:
 
     async def detach(self, attachment: Attachment) -> None:
         """Remove what ``attach`` made; safe to repeat, and on a half-made attachment."""
+        resolver = self._resolvers.pop(attachment.index, None)
+        if resolver is not None:
+            await resolver.close()
         chains, entries = await _table_contents(self.table)
         script = []
         if attachment.interface in entries:
@@ -342,14 +394,20 @@ class Network:
         return int(rest) if rest != name and rest.isdigit() else None
 
     # --- the allow list ------------------------------------------------------------------
-    async def _resolve(self, policy: NetworkPolicy) -> tuple[list[Rule], dict[str, list[str]]]:
+    async def _resolve(
+        self, policy: NetworkPolicy
+    ) -> tuple[list[Rule], dict[str, list[str]], bool]:
+        """The rules of a list, its names' addresses, and whether its sandbox's resolver
+        answers any name (the list allows 0.0.0.0/0, on any port)."""
         rules: list[Rule] = []
         hosts: dict[str, list[str]] = {}
+        any_name = False
         for entry in policy.allow:
             destination = parse_destination(entry)
             if destination.network is not None:
                 self._check_allowed(entry, [destination.network])
                 rules.append(Rule(destination.network, destination.port))
+                any_name = any_name or destination.network.prefixlen == 0
                 continue
             addresses = await _lookup(destination)
             allowed = [a for a in addresses if not self._denied(IPv4Network(a))]
@@ -360,7 +418,7 @@ class Network:
                 )
             hosts[str(destination.host)] = allowed
             rules += [Rule(IPv4Network(a), destination.port) for a in allowed]
-        return rules, hosts
+        return rules, hosts, any_name
 
     def _denied(self, network: IPv4Network) -> bool:
         return network.prefixlen > 0 and any(

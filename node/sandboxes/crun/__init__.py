@@ -20,7 +20,11 @@ def _create(settings: NodeSettings) -> CrunBackend:
 
     network = None
     if settings.sandbox_network_cidr is not None:
-        network = Network(settings.sandbox_network_cidr, settings.sandbox_network_deny)
+        network = Network(
+            settings.sandbox_network_cidr,
+            settings.sandbox_network_deny,
+            resolvers=settings.sandbox_dns,
+        )
     return CrunBackend(
         settings.data_dir,
         runtime=settings.sandbox_runtime,

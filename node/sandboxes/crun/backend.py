@@ -43,7 +43,7 @@ from typing import Any
 
 from node import threadspawn
 from node.children import communicate
-from node.sandboxes import rooted
+from node.sandboxes import dns, rooted
 from node.sandboxes.base import (
     BackendUnavailable,
     DirWatch,
@@ -68,7 +68,15 @@ from node.sandboxes.crun.userns import UserNamespaces
 from node.sandboxes.inotify import InotifyWatch
 from node.sandboxes.network import Attachment, Network
 from node.sandboxes.rooted import ROOT, Account
-from wire.sandboxes import MAX_PAGE, EntryPage, ExecRequest, FileEntry, Phases, SandboxSpec
+from wire.sandboxes import (
+    MAX_PAGE,
+    EntryPage,
+    ExecRequest,
+    FileEntry,
+    Phases,
+    SandboxSpec,
+    parse_destination,
+)
 
 log = logging.getLogger(__name__)
 
@@ -297,6 +305,7 @@ class CrunBackend(SandboxBackend):
         os.chmod(layer / "upper", 0o755)
         if ids is not None:
             os.chown(layer / "upper", ids.first, ids.first)  # the root dir: root's inside
+        _write_offline_resolv_conf(layer / "upper", (*image.layers, image.rootfs), ids)
         held: list[int] = []
         try:
             lowers = (*image.layers, image.rootfs)
@@ -363,6 +372,9 @@ class CrunBackend(SandboxBackend):
             (directory / NETWORK_FILE).write_text(attachment.to_json())
             if attachment.hosts:
                 await self._add_hosts(spec.sandbox_id, attachment.hosts)
+            files = InitFiles(self._dir(spec.sandbox_id) / spawn.SOCKET_NAME, spec.sandbox_id)
+            conf = dns.resolv_conf(attachment.host_ip, _resolvers_allowed(spec))
+            await files.write("/etc/resolv.conf", ROOT, _once(conf.encode()), mode=0o644)
         except BaseException:
             await asyncio.shield(self.network.detach(attachment))
             raise
@@ -868,6 +880,42 @@ async def _once(data: bytes) -> AsyncIterator[bytes]:
 def image_users(image: RootImage) -> dict[str, Account]:
     """The accounts of a sandbox's image (its base tree, trusted: never a snapshot's)."""
     return rooted.image_accounts(image.rootfs)
+
+
+def _resolvers_allowed(spec: SandboxSpec) -> list[str]:
+    """The addresses a sandbox's list allows on port 53 (``8.8.8.8:53``): its resolvers
+    after the node's."""
+    found = []
+    for entry in spec.network.allow:
+        destination = parse_destination(entry)
+        network = destination.network
+        if network is not None and network.prefixlen == 32 and destination.port == dns.PORT:
+            found.append(str(network.network_address))
+    return found
+
+
+def _write_offline_resolv_conf(upper: Path, lowers: tuple[Path, ...], ids: IdRange | None) -> None:
+    """``/etc/resolv.conf`` of a sandbox without a network (``dns.OFFLINE_RESOLV_CONF``),
+    in its writable layer before it starts: it replaces the image's (whose resolvers
+    the sandbox cannot reach), and the attach of a network replaces it. ``/etc`` in
+    the layer takes the owner and mode of the image's (the layer's wins in the
+    overlay); an image without a plain ``/etc`` is left alone."""
+    etc = next((p / "etc" for p in lowers if os.path.lexists(p / "etc")), None)
+    if etc is None or not etc.is_dir() or etc.is_symlink():
+        return
+    shift = 0 if ids is None else ids.first
+    info = os.lstat(etc)
+    (upper / "etc").mkdir(mode=0o700)
+    os.chown(upper / "etc", info.st_uid + shift, info.st_gid + shift)
+    os.chmod(upper / "etc", stat.S_IMODE(info.st_mode))
+    path = upper / "etc" / "resolv.conf"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, dns.OFFLINE_RESOLV_CONF.encode())
+        os.fchown(fd, shift, shift)
+        os.fchmod(fd, 0o644)
+    finally:
+        os.close(fd)
 
 
 def _write_private(path: Path, text: str) -> None:

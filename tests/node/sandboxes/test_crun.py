@@ -26,6 +26,7 @@ from node.sandboxes.crun.backend import CrunBackend
 from tests.node.sandboxes.conftest import (
     cgroup_file,
     leftovers,
+    make_rootfs,
     read_file,
     spec,
     started_backend,
@@ -402,3 +403,32 @@ async def test_a_watch_through_a_planted_symlink_stays_in_the_sandbox(
         assert names == {"inside"}, names
     finally:
         watch.close()
+
+
+async def test_a_sandbox_without_network_has_a_resolv_conf_saying_so_in_place_of_the_images(
+    crun: CrunBackend, tmp_path: Path
+) -> None:
+    root = make_rootfs(tmp_path / "image" / "rootfs")
+    (root / "etc").chmod(0o751)
+    (root / "etc" / "resolv.conf").write_text("nameserver 9.9.9.9\n")  # where it was built
+    image = RootImage(digest="sha256:" + "d" * 64, rootfs=root)
+    await crun.create(spec("sbx-resolv"), image)
+    seen = await run(
+        crun,
+        "sbx-resolv",
+        [
+            "sh",
+            "-c",
+            "stat -c '%u %g %a' /etc /etc/resolv.conf; cat /etc/resolv.conf; "
+            "cat /etc/secret; busybox nslookup pypi.org; echo rc=$?",
+        ],
+    )
+    out = seen.stdout.decode() + seen.stderr.decode()
+    # the sandbox's root owns them, /etc keeps the image's mode and its other files
+    assert out.splitlines()[:2] == ["0 0 751", "0 0 644"], out
+    assert "this sandbox has no network" in out and "9.9.9.9" not in out, out
+    assert "image-only" in out
+    # asked of the loopback, where nothing answers: refused at once, not a timeout
+    assert "127.0.0.1" in out and "rc=1" in out, out
+    # the image itself is untouched
+    assert (root / "etc" / "resolv.conf").read_text() == "nameserver 9.9.9.9\n"

@@ -12,7 +12,9 @@ import contextlib
 import json
 import os
 import socket
+import socketserver
 import subprocess
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -253,3 +255,168 @@ async def test_a_claimed_warm_sandbox_gets_its_network_at_the_claim(
     assert len(chains(netted)) == 1
     await netted.destroy("sbx-claimnet")
     assert not chains(netted) and not host_interfaces(netted)
+
+
+# --- names -------------------------------------------------------------------------------
+#: what the test's upstream resolver answers for any name
+UPSTREAM_ANSWER = "203.0.113.7"
+
+
+@contextlib.contextmanager
+def upstream_resolver() -> Iterator[tuple[str, list[str]]]:
+    """A DNS server on this host's loopback, as the node's resolver: every A question
+    answered with ``UPSTREAM_ANSWER``. Its ``IP:PORT`` and the names it was asked."""
+    asked: list[str] = []
+
+    class Answer(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            query, sock = self.request
+            at, labels = 12, []
+            while query[at]:
+                labels.append(query[at + 1 : at + 1 + query[at]].decode())
+                at += 1 + query[at]
+            asked.append(".".join(labels))
+            qtype = int.from_bytes(query[at + 1 : at + 3], "big")
+            answers = (
+                b"\xc0\x0c\x00\x01\x00\x01\x00\x00\x00\x3c\x00\x04"
+                + socket.inet_aton(UPSTREAM_ANSWER)
+                if qtype == 1
+                else b""
+            )
+            header = query[:2] + b"\x81\x80\x00\x01" + (1 if answers else 0).to_bytes(2, "big")
+            sock.sendto(
+                header + b"\x00\x00\x00\x00" + query[12 : at + 5] + answers, self.client_address
+            )
+
+    server = socketserver.ThreadingUDPServer(("127.0.0.1", 0), Answer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}", asked
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def upstream() -> Iterator[tuple[str, list[str]]]:
+    with upstream_resolver() as found:
+        yield found
+
+
+@pytest_asyncio.fixture
+async def resolving(tmp_path: Path, upstream: tuple[str, list[str]]) -> AsyncIterator[CrunBackend]:
+    """A crun backend whose node resolves names through ``upstream``."""
+    net = Network(CIDR, ["10.214.0.128/25"], resolvers=[upstream[0]])
+    async with started_backend(tmp_path / "data", network=net) as backend:
+        yield backend
+
+
+async def test_a_sandbox_with_the_internet_resolves_any_name_through_its_node(
+    resolving: CrunBackend, python_image: RootImage, upstream: tuple[str, list[str]]
+) -> None:
+    await resolving.create(allowing("sbx-dns", "0.0.0.0/0"), python_image)  # type: ignore[arg-type]
+    gateway = Attachment.from_json((resolving.root / "sbx-dns" / "network.json").read_text())
+    conf = (await run(resolving, "sbx-dns", ["cat", "/etc/resolv.conf"])).stdout.decode()
+    assert f"nameserver {gateway.host_ip}\n" in conf, conf
+    looked_up = await run(
+        resolving,
+        "sbx-dns",
+        [
+            "sh",
+            "-c",
+            'getent hosts pkg.corral.test; python3 -c "import socket; '
+            "print(socket.getaddrinfo('files.corral.test', 443)[0][4][0])\"",
+        ],
+    )
+    out = looked_up.stdout.decode()
+    assert f"{UPSTREAM_ANSWER}" in out.split()[0] and "pkg.corral.test" in out, looked_up
+    assert out.split()[-1] == UPSTREAM_ANSWER, looked_up
+    assert {"pkg.corral.test", "files.corral.test"} <= set(upstream[1])
+    # over TCP too (what a resolver falls back to for long answers)
+    tcp = await run(
+        resolving,
+        "sbx-dns",
+        ["sh", "-c", "RES_OPTIONS=use-vc getent ahostsv4 tcp.corral.test"],
+    )
+    assert UPSTREAM_ANSWER in tcp.stdout.decode(), tcp
+    assert "tcp.corral.test" in upstream[1]
+
+
+async def test_a_list_of_names_resolves_those_names_and_reaches_no_other_resolver(
+    resolving: CrunBackend,
+    busybox_image: RootImage,
+    outside: str,
+    upstream: tuple[str, list[str]],
+) -> None:
+    with host_entry(outside, "corral-outside.test"):
+        await resolving.create(allowing("sbx-names", "corral-outside.test:8080"), busybox_image)  # type: ignore[arg-type]
+
+    async def lookup(*args: str) -> str:
+        result = await run(
+            resolving, "sbx-names", ["sh", "-c", f"busybox nslookup {' '.join(args)}; echo rc=$?"]
+        )
+        return result.stdout.decode() + result.stderr.decode()
+
+    # asked of the resolver in /etc/resolv.conf (not /etc/hosts): the pinned address
+    allowed = await lookup("corral-outside.test")
+    assert f"Address: {outside}" in allowed and "rc=0" in allowed, allowed
+    # any other name is refused by the node, which asks nobody
+    refused = await lookup("secret-1.exfil.test")
+    assert "REFUSED" in refused and UPSTREAM_ANSWER not in refused, refused
+    # and no resolver beyond its own can be asked: not one on the internet, not the
+    # listed host on another port, not the node's resolver of a sandbox that may ask
+    # for any name (at that sandbox's gateway), not the node on its other addresses
+    await resolving.create(allowing("sbx-open", "0.0.0.0/0"), busybox_image)  # type: ignore[arg-type]
+    other = Attachment.from_json((resolving.root / "sbx-open" / "network.json").read_text())
+    for resolver in ("8.8.8.8", outside, other.host_ip, _node_address()):
+        direct = await lookup("secret-2.exfil.test", resolver)
+        assert "rc=0" not in direct and UPSTREAM_ANSWER not in direct, (resolver, direct)
+    assert not [name for name in upstream[1] if "exfil" in name], upstream[1]
+
+
+async def test_a_resolver_the_list_allows_is_asked_after_the_node(
+    resolving: CrunBackend, busybox_image: RootImage, outside: str
+) -> None:
+    await resolving.create(allowing("sbx-own-dns", f"{outside}:53", "8.8.8.8:53"), busybox_image)  # type: ignore[arg-type]
+    conf = (await run(resolving, "sbx-own-dns", ["cat", "/etc/resolv.conf"])).stdout.decode()
+    servers = [line.split()[1] for line in conf.splitlines() if line.startswith("nameserver")]
+    assert servers[1:] == [outside, "8.8.8.8"], conf
+
+
+async def test_a_sandbox_without_network_says_so_when_a_name_is_looked_up(
+    resolving: CrunBackend, python_image: RootImage
+) -> None:
+    await resolving.create(spec("sbx-offline"), python_image)
+    conf = await run(
+        resolving, "sbx-offline", ["sh", "-c", "ls -ln /etc/resolv.conf; cat /etc/resolv.conf"]
+    )
+    text = conf.stdout.decode()
+    # the sandbox's root owns it (the image is idmapped, /etc is in the writable layer)
+    assert text.split()[2:4] == ["0", "0"], text
+    assert "this sandbox has no network" in text and "allow_internet_access=True" in text
+    assert "nameserver 127.0.0.1" in text, text
+    looked_up = await run(
+        resolving,
+        "sbx-offline",
+        ["python3", "-c", "import socket; socket.getaddrinfo('pypi.org', 443)"],
+    )
+    assert "Temporary failure in name resolution" in looked_up.stderr.decode(), looked_up
+    # the sandbox's root may change it (its own file in its own layer)
+    rewritten = await run(
+        resolving,
+        "sbx-offline",
+        ["sh", "-c", "echo 'nameserver 127.0.0.2' > /etc/resolv.conf && cat /etc/resolv.conf"],
+        user="root",
+    )
+    assert rewritten.stdout.decode() == "nameserver 127.0.0.2\n", rewritten
+
+
+async def test_a_claimed_warm_sandbox_trades_its_offline_resolver_for_the_node(
+    resolving: CrunBackend, busybox_image: RootImage, outside: str
+) -> None:
+    await resolving.create(spec("warm-dns"), busybox_image)
+    await resolving.pause("warm-dns")
+    await resolving.claim("warm-dns", allowing("sbx-claimdns", "0.0.0.0/0"))  # type: ignore[arg-type]
+    found = await run(resolving, "sbx-claimdns", ["sh", "-c", "busybox nslookup x.corral.test"])
+    assert UPSTREAM_ANSWER in found.stdout.decode(), found
