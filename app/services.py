@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 from app.api.e2b.tokens import SandboxTokens, load_secret
 from app.auth.authenticator import Authenticator
 from app.auth.cache import KeyCache
+from app.auth.key_use import KeyUse
 from app.auth.revocations import LocalRevocations, RedisRevocations, Revocations
 from app.db import files, tenants
 from app.db import functions as functions_repo
@@ -251,6 +252,7 @@ async def open_services(
             metrics=metrics,
             check_every_s=settings.reconcile_seconds,
         )
+        key_use = KeyUse(sessions)
         services = Services(
             settings=settings,
             metrics=metrics,
@@ -267,6 +269,7 @@ async def open_services(
                 default_quota=settings.quota.limits(),
                 default_tenant=settings.default_tenant,
                 revocations=revocations,
+                key_use=key_use,
             ),
             invocations=invocations,
             catalogue=catalogue,
@@ -289,6 +292,7 @@ async def open_services(
             "corral-gateway-alive",
         )
         _keep(stack, leader.run, "corral-leader")
+        _keep(stack, key_use.run, "corral-key-use", finally_=_last_flush(key_use))
         if settings.default_tenant:
             await ensure_tenant(sessions, settings.default_tenant, settings)
         if with_node:
@@ -354,6 +358,16 @@ def _drain(recorder: Recorder, transport: GatewayTransport) -> Callable[[], Awai
                 log.error("recorder: %d results not stored at shutdown", len(entries))
 
     return drain
+
+
+def _last_flush(key_use: KeyUse) -> Callable[[], Awaitable[None]]:
+    async def flush() -> None:
+        try:
+            await key_use.flush()
+        except Exception as exc:  # the database may be gone first: the use is only late
+            log.warning("api keys' last use not stored at shutdown: %r", exc)
+
+    return flush
 
 
 async def _keep_alive(transport: GatewayTransport, period_s: float) -> None:

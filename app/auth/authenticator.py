@@ -24,6 +24,7 @@ from starlette.requests import Request
 
 from app.auth import credentials, keys
 from app.auth.cache import Digest, KeyCache
+from app.auth.key_use import KeyUse
 from app.auth.principal import Admin, Principal
 from app.auth.revocations import LocalRevocations, Revocations
 from app.db import tenants
@@ -53,8 +54,11 @@ class Authenticator:
         default_quota: QuotaLimits,
         default_tenant: str | None = None,
         revocations: Revocations | None = None,
+        key_use: KeyUse | None = None,
     ) -> None:
+        """``key_use``: where each key's use is noted (its last use shown to its owner)."""
         self._default_quota = default_quota
+        self.key_use = key_use
         self._sessions = sessions
         self._admin_key = admin_key
         self.cache = cache
@@ -97,7 +101,10 @@ class Authenticator:
 
     async def tenant_for(self, presented: str) -> Principal:
         """The principal of a tenant key (401 ``invalid_api_key``, 403 ``tenant_disabled``)."""
-        return await self._cached(presented, lambda: self._lookup(presented))
+        principal = await self._cached(presented, lambda: self._lookup(presented))
+        if self.key_use is not None and principal.key_id is not None:
+            self.key_use.note(principal.key_id)
+        return principal
 
     async def tenant_principal(self, tenant_id: str) -> Principal:
         """The tenant ``tenant_id`` acting through no key (a sandbox access token it was

@@ -63,6 +63,9 @@ class KeyOut(BaseModel):
     name: str
     created_at: datetime
     revoked_at: datetime | None = None
+    last_used_at: datetime | None = Field(
+        default=None, description="its last use, stored by each gateway once a minute"
+    )
 
 
 class KeyList(BaseModel):

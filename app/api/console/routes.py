@@ -27,6 +27,7 @@ from app.api.console import sandboxes as sandbox_pages
 from app.api.console.actions import perform
 from app.api.console.render import HERE, render, services_of
 from app.api.console.sessions import COOKIE, LIFETIME, ConsoleSessions, User
+from app.api.v1 import keys as key_routes
 from app.api.v1 import run as run_routes
 from app.api.v1 import tenants as tenant_routes
 from app.api.v1.present import invocation_out
@@ -335,6 +336,47 @@ async def revoke_key(request: Request, user: User) -> Response:
     return _back(f"/console/tenants/{path['tenant_id']}")
 
 
+# --- a tenant's own keys ------------------------------------------------------------------------
+async def own_keys(request: Request, user: User, **context: Any) -> Response:
+    if user.is_admin:
+        return _back("/console/tenants")  # the operator manages keys tenant by tenant
+    listed = await perform(key_routes.list_own_keys, request, user)
+    return render(request, user, "keys.html", {"keys": listed["keys"], **context})
+
+
+async def create_own_key(request: Request, user: User) -> Response:
+    form = await request.form()
+    try:
+        created = await perform(
+            key_routes.create_own_key, request, user, body={"name": str(form.get("name", ""))}
+        )
+    except CorralError as exc:
+        return await own_keys(request, user, error=exc.message)
+    return await own_keys(request, user, new_key=created["api_key"])
+
+
+async def revoke_own_key(request: Request, user: User) -> Response:
+    try:
+        await perform(
+            key_routes.revoke_own_key,
+            request,
+            user,
+            path={"key_id": request.path_params["key_id"]},
+        )
+    except CorralError as exc:
+        return await own_keys(request, user, error=exc.message)
+    return _back("/console/keys")
+
+
+def _revoking_own(request: Request) -> Confirm:
+    key_id = request.path_params["key_id"]
+    return Confirm(
+        f"Revoke the key {key_id}? Every client and console session using it is refused at once.",
+        "Revoke",
+        "/console/keys",
+    )
+
+
 # --- running code and the invocations ---------------------------------------------------------
 async def run_form(request: Request, user: User, **context: Any) -> Response:
     runtimes = await services_of(request).catalogue.nodes()
@@ -598,6 +640,13 @@ def routes() -> list[BaseRoute]:
             methods=["GET"],
         ),
         Route("/console/usage", page(usage_page), methods=["GET"]),
+        Route("/console/keys", page(own_keys), methods=["GET"]),
+        Route("/console/keys", page(create_own_key), methods=["POST"]),
+        Route(
+            "/console/keys/{key_id}/revoke",
+            page(revoke_own_key, confirm=_revoking_own),
+            methods=["POST"],
+        ),
         Route("/console/usage.csv", page(usage_csv), methods=["GET"]),
         Route("/console/sandboxes", page(sandbox_pages.list_page), methods=["GET"]),
         Route("/console/sandboxes", page(sandbox_pages.create), methods=["POST"]),

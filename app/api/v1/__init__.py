@@ -8,6 +8,7 @@ from app.api.v1 import (
     health,
     images,
     invocations,
+    keys,
     run,
     runtimes,
     sandboxes,
@@ -20,6 +21,7 @@ from app.http.endpoint import Endpoint
 ENDPOINTS: list[Endpoint] = [
     *health.endpoints,
     *tenants.endpoints,
+    *keys.endpoints,
     *run.endpoints,
     *invocations.endpoints,
     *runtimes.endpoints,

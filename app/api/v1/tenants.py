@@ -40,7 +40,7 @@ async def create_tenant(call: Call) -> TenantCreated:
         tenant, key, plaintext = await repo.create_tenant(
             session, name=body.name, quota=quota, key_name=body.key_name
         )
-    return TenantCreated(tenant=_tenant_out(call, tenant), key=_new_key(key, plaintext))
+    return TenantCreated(tenant=_tenant_out(call, tenant), key=new_key_out(key, plaintext))
 
 
 @endpoint(
@@ -120,7 +120,7 @@ async def create_key(call: Call) -> NewKeyOut:
         key, plaintext = await repo.create_key(
             session, tenant_id=call.path["tenant_id"], name=body.name
         )
-    return _new_key(key, plaintext)
+    return new_key_out(key, plaintext)
 
 
 @endpoint(
@@ -164,7 +164,7 @@ def _tenant_out(call: Call, tenant: Tenant) -> TenantOut:
     )
 
 
-def _new_key(key: ApiKey, plaintext: str) -> NewKeyOut:
+def new_key_out(key: ApiKey, plaintext: str) -> NewKeyOut:
     return NewKeyOut(
         id=key.id,
         tenant_id=key.tenant_id,

@@ -156,6 +156,33 @@ def test_disabling_a_tenant_and_revoking_a_key_ask_first(client: TestClient) -> 
     assert keys[0]["revoked_at"] is not None
 
 
+def test_a_tenant_makes_and_revokes_its_own_keys(
+    client: TestClient, new_tenant: Callable[..., Tenant]
+) -> None:
+    tenant = new_tenant()
+    csrf = sign_in(client, tenant["key"])
+    page = client.get("/console/keys")
+    assert page.status_code == 200 and tenant["key_id"] in page.text
+    made = client.post("/console/keys", data={"csrf": csrf, "name": "laptop"})
+    new_key = re.search(r'id="new-key">([^<]+)<', made.text).group(1)  # type: ignore[union-attr]
+    new_id = new_key.split("_")[1] + "_" + new_key.split("_")[2]
+    assert "laptop" in made.text and new_id in made.text
+    assert client.get("/v1/keys", headers={"Authorization": f"Bearer {new_key}"}).status_code == 200
+    asked = client.post(f"/console/keys/{new_id}/revoke", data={"csrf": csrf})
+    assert f"Revoke the key {new_id}?" in asked.text  # asked first
+    client.post(f"/console/keys/{new_id}/revoke", data={"csrf": csrf, "confirmed": "yes"})
+    assert client.get("/v1/keys", headers={"Authorization": f"Bearer {new_key}"}).status_code == 401
+    assert client.get("/console/keys").status_code == 200  # signed in with the other key
+
+    client.cookies.clear()
+    sign_in(client, ADMIN_KEY)
+    assert client.get("/console/keys", follow_redirects=False).headers["location"] == (
+        "/console/tenants"
+    )
+    operator_view = client.get(f"/console/tenants/{tenant['id']}").text
+    assert "last used" in operator_view and new_id in operator_view
+
+
 def test_a_tenant_runs_code_and_sees_only_its_own_invocations(
     client: TestClient, new_tenant: Callable[..., Tenant]
 ) -> None:
