@@ -3,12 +3,18 @@
 A download is the node's answer passed on chunk by chunk (``FileAnswer``); an upload is
 the caller's body passed on as it arrives (``bounded``), multipart ones too: each file of
 a ``multipart/form-data`` body is streamed to the node while the body is parsed
-(``multipart_files``), not spooled. A listing the caller does not page (E2B's ListDir) is
+(``MultipartFiles``, python-multipart's push parser fed chunk by chunk), never spooled to
+memory or disk. Uploads are exempt from the gateway's body cap (``app.http.middleware``):
+each file is bounded by ``max_file_bytes`` (413 ``payload_too_large``) and by the
+sandbox's disk (507 ``disk_full``, from the node), and a client that sends nothing for
+``upload_idle_seconds`` is refused (408 ``upload_stalled``), which frees the node's
+transfer slot. A listing the caller does not page (E2B's ListDir) is
 gathered page by page up to a cap, and refused past it (``list_capped``).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -19,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from app.errors import BadRequest, PayloadTooLarge
+from app.errors import BadRequest, PayloadTooLarge, UploadStalled
 from app.sandboxes.nodes import NodeClient, NodeFile
 from wire.sandboxes import MAX_FILE_BYTES, FileEntry
 
@@ -44,9 +50,29 @@ class FileAnswer(StreamingResponse):
             await self._file.aclose()
 
 
-async def bounded(
-    chunks: AsyncIterator[bytes], limit: int = MAX_FILE_BYTES
-) -> AsyncIterator[bytes]:
+def file_limit(request: Request) -> int:
+    """The largest file a transfer carries (the ``max_file_bytes`` setting)."""
+    limit: int = request.app.state.services.settings.max_file_bytes
+    return min(limit, MAX_FILE_BYTES)
+
+
+async def upload_body(request: Request) -> AsyncIterator[bytes]:
+    """The request's body as it arrives; ``UploadStalled`` when the client sends nothing
+    for ``upload_idle_seconds`` (a slow client is fine, a silent one is not)."""
+    idle_s: float = request.app.state.services.settings.upload_idle_seconds
+    body = aiter(request.stream())
+    while True:
+        try:
+            async with asyncio.timeout(idle_s):
+                chunk = await anext(body, None)
+        except TimeoutError:
+            raise UploadStalled(f"the upload sent nothing for {idle_s:g} s") from None
+        if chunk is None:
+            return
+        yield chunk
+
+
+async def bounded(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
     """``chunks``, refused (``PayloadTooLarge``) once they pass ``limit`` bytes."""
     size = 0
     async for chunk in chunks:
@@ -57,7 +83,7 @@ async def bounded(
             yield chunk
 
 
-def refuse_declared_over(request: Request, limit: int = MAX_FILE_BYTES) -> None:
+def refuse_declared_over(request: Request, limit: int) -> None:
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"a file is at most {limit} bytes")
@@ -74,14 +100,14 @@ class Part:
 class MultipartFiles:
     """A ``multipart/form-data`` body read as it arrives: ``parts()`` yields each part,
     ``data()`` that part's bytes (to be read before the next part is asked for; what is
-    not read is passed over)."""
+    not read is passed over). ``chunks``: the body (default: the request's stream)."""
 
-    def __init__(self, request: Request) -> None:
+    def __init__(self, request: Request, chunks: AsyncIterator[bytes] | None = None) -> None:
         kind, options = parse_options_header(request.headers.get("content-type", ""))
         boundary = options.get(b"boundary")
         if kind != b"multipart/form-data" or not boundary:
             raise BadRequest("a multipart/form-data body needs its boundary")
-        self._body = aiter(request.stream())
+        self._body = chunks if chunks is not None else aiter(request.stream())
         self._events: deque[tuple[str, bytes]] = deque()
         self._header = [b"", b""]
         self._headers: dict[bytes, bytes] = {}
