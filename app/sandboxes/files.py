@@ -33,6 +33,9 @@ from wire.sandboxes import MAX_FILE_BYTES, FileEntry
 MAX_PARTS = 1000
 #: the headers of one multipart part, at most
 MAX_PART_HEADERS = 16 << 10
+#: the bytes of a multipart body's parts that are not read (form fields), at most: what a
+#: file's bound does not cover (a field that never ends, sent as fast as it is parsed)
+MAX_PASSED_OVER = 1 << 20
 
 
 class FileAnswer(StreamingResponse):
@@ -170,11 +173,15 @@ class MultipartFiles:
         return self._events.popleft()
 
     async def parts(self) -> AsyncIterator[Part]:
-        count = 0
+        count = passed_over = 0
         while True:
             if self._in_part:
-                async for _ in self.data():
-                    pass  # not read: passed over
+                async for piece in self.data():  # not read: passed over, up to a bound
+                    passed_over += len(piece)
+                    if passed_over > MAX_PASSED_OVER:
+                        raise PayloadTooLarge(
+                            f"a multipart upload's fields are at most {MAX_PASSED_OVER} bytes"
+                        )
             kind, value = await self._event()
             if kind == "done":
                 return
