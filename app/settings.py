@@ -101,11 +101,12 @@ class Settings(DatabaseSettings):
     e2b_sandbox_disk_mb: int = Field(
         1024, ge=16, le=1_048_576, description="Writable layer of a sandbox made through E2B's API."
     )
-    upload_idle_seconds: float = Field(
+    transfer_idle_seconds: float = Field(
         60.0,
         gt=0,
-        description="How long an upload may wait for the client's next bytes before it is "
-        "refused (408 upload_stalled) and its transfer slot freed.",
+        description="How long a file transfer may wait on its client: an upload for its next "
+        "bytes (else 408 upload_stalled), a download for it to take the next ones (else "
+        "the connection is closed); either way its transfer slot is freed.",
     )
     auth_cache_seconds: float = Field(
         2.0, ge=0, description="How long a verified API key is trusted without a database read."

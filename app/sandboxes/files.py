@@ -7,14 +7,16 @@ a ``multipart/form-data`` body is streamed to the node while the body is parsed
 memory or disk. Uploads are exempt from the gateway's body cap (``app.http.middleware``):
 each file is bounded by ``max_file_bytes`` (413 ``payload_too_large``) and by the
 sandbox's disk (507 ``disk_full``, from the node), and a client that sends nothing for
-``upload_idle_seconds`` is refused (408 ``upload_stalled``), which frees the node's
-transfer slot. A listing the caller does not page (E2B's ListDir) is
-gathered page by page up to a cap, and refused past it (``list_capped``).
+``transfer_idle_seconds`` is refused (408 ``upload_stalled``), and a download whose client
+takes nothing for as long is cut: either frees the node's transfer slot. A listing the
+caller does not page (E2B's ListDir) is gathered page by page up to a cap, and refused
+past it (``list_capped``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -23,11 +25,13 @@ from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from app.errors import BadRequest, PayloadTooLarge, UploadStalled
 from app.sandboxes.nodes import NodeClient, NodeFile
 from wire.sandboxes import MAX_FILE_BYTES, FileEntry
+
+log = logging.getLogger(__name__)
 
 #: files in one multipart upload, at most
 MAX_PARTS = 1000
@@ -40,17 +44,40 @@ MAX_PASSED_OVER = 1 << 20
 
 class FileAnswer(StreamingResponse):
     """A file's bytes as the node streams them; the node's answer is released when this
-    one ends, however it ends (sent, cut, or never started)."""
+    one ends, however it ends (sent, cut, never started, or a client that takes nothing
+    for ``idle_s``: the connection is then closed, the answer unfinished)."""
 
-    def __init__(self, file: NodeFile) -> None:
+    def __init__(self, file: NodeFile, *, idle_s: float | None = None) -> None:
         super().__init__(file.chunks(), media_type="application/octet-stream")
         self._file = file
+        self._idle_s = idle_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        stalled = False
+
+        async def paced(message: Message) -> None:
+            nonlocal stalled
+            try:
+                async with asyncio.timeout(self._idle_s):
+                    await send(message)
+            except TimeoutError:
+                stalled = True
+                raise
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, paced)
+        except BaseException:
+            if not stalled:
+                raise
+            log.info("a download's client took nothing for %s s: cut", self._idle_s)
         finally:
             await self._file.aclose()
+
+
+def transfer_idle(request: Request) -> float:
+    """How long a transfer may wait on its client (``transfer_idle_seconds``)."""
+    idle_s: float = request.app.state.services.settings.transfer_idle_seconds
+    return idle_s
 
 
 def file_limit(request: Request) -> int:
@@ -61,8 +88,8 @@ def file_limit(request: Request) -> int:
 
 async def upload_body(request: Request) -> AsyncIterator[bytes]:
     """The request's body as it arrives; ``UploadStalled`` when the client sends nothing
-    for ``upload_idle_seconds`` (a slow client is fine, a silent one is not)."""
-    idle_s: float = request.app.state.services.settings.upload_idle_seconds
+    for ``transfer_idle_seconds`` (a slow client is fine, a silent one is not)."""
+    idle_s = transfer_idle(request)
     body = aiter(request.stream())
     while True:
         try:

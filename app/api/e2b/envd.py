@@ -62,6 +62,7 @@ from app.sandboxes.files import (
     file_limit,
     list_capped,
     refuse_declared_over,
+    transfer_idle,
     upload_body,
 )
 from app.sandboxes.nodes import NodeClient
@@ -482,7 +483,7 @@ async def files_get(request: Request) -> Response:
     file = await node.read_file(
         caller.sandbox_id, path, user=_user(request), max_bytes=file_limit(request)
     )
-    return FileAnswer(file)
+    return FileAnswer(file, idle_s=transfer_idle(request))
 
 
 async def _upload(

@@ -27,6 +27,7 @@ from app.sandboxes.files import (
     bounded,
     file_limit,
     refuse_declared_over,
+    transfer_idle,
     upload_body,
 )
 from app.schemas.sandboxes import (
@@ -224,7 +225,7 @@ async def read_file(call: Call) -> Response:
     file = await node.read_file(
         call.path["sandbox_id"], q.path, user=q.user, max_bytes=file_limit(call.request)
     )
-    return FileAnswer(file)
+    return FileAnswer(file, idle_s=transfer_idle(call.request))
 
 
 @endpoint(

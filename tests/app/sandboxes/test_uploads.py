@@ -104,7 +104,7 @@ async def test_an_upload_whose_client_goes_silent_is_refused() -> None:
         await asyncio.Event().wait()  # the client says nothing more
         raise AssertionError("unreachable")
 
-    settings = SimpleNamespace(upload_idle_seconds=0.05)
+    settings = SimpleNamespace(transfer_idle_seconds=0.05)
     app = SimpleNamespace(state=SimpleNamespace(services=SimpleNamespace(settings=settings)))
     request = Request({"type": "http", "method": "PUT", "headers": [], "app": app}, receive)
     got: list[bytes] = []

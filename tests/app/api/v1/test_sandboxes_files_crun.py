@@ -255,7 +255,7 @@ def test_an_upload_cut_or_silent_frees_its_transfer_slot(serve: Callable[..., Ap
     import socket
     from urllib.parse import urlsplit
 
-    api = serve("cut", sandbox_transfers_per_tenant=1, upload_idle_seconds=0.5)
+    api = serve("cut", sandbox_transfers_per_tenant=1, transfer_idle_seconds=0.5)
     one = api.sandbox(disk_mb=64)
     where = urlsplit(str(api.http.base_url))
     head = (
@@ -277,3 +277,23 @@ def test_an_upload_cut_or_silent_frees_its_transfer_slot(serve: Callable[..., Ap
         assert time.monotonic() < deadline, "the cut upload's place was never freed"
         time.sleep(0.05)
     assert put.status_code == 200, put.text
+
+
+def test_a_download_its_client_does_not_read_is_cut_and_frees_its_slot(
+    serve: Callable[..., Api],
+) -> None:
+    api = serve("unread", sandbox_transfers_per_tenant=1, transfer_idle_seconds=0.5)
+    one = api.sandbox(disk_mb=128)
+    api.sh(one, "head -c 64M /dev/urandom > /tmp/big")  # more than the sockets' buffers
+    with api.http.stream("GET", f"{one}/files", params={"path": "/tmp/big"}) as unread:
+        assert unread.status_code == 200
+        deadline = time.monotonic() + 10
+        while (
+            put := api.http.put(f"{one}/files", params={"path": "/tmp/x"}, content=b"x")
+        ).status_code == 429:
+            assert time.monotonic() < deadline, "the unread download's place was never freed"
+            time.sleep(0.05)
+        assert put.status_code == 200, put.text
+        with pytest.raises(httpx.HTTPError):  # cut: never the whole file
+            for _ in unread.iter_raw():
+                pass
