@@ -20,6 +20,7 @@ never rename one) and an HTTP ``status``.
     │   ├── LifetimeTooLong          422 lifetime_too_long   (a sandbox's expiry)
     │   └── SandboxTooLarge          422 sandbox_too_large   (a quota's or every node's)
     ├── PayloadTooLarge              413 payload_too_large
+    ├── UploadStalled                408 upload_stalled       (no bytes for a while)
     ├── Unauthenticated              401 missing_api_key
     │   ├── InvalidApiKey            401 invalid_api_key
     │   └── NodeTokenRequired        401 missing_node_token   (/internal/: nodes only)
@@ -150,6 +151,10 @@ class SandboxTooLarge(LimitTooHigh):
 
 class PayloadTooLarge(CorralError):
     status, code, default_message = 413, "payload_too_large", "request body is too large"
+
+
+class UploadStalled(CorralError):
+    status, code, default_message = 408, "upload_stalled", "the upload stopped sending"
 
 
 class Unauthenticated(CorralError):

@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from app.quotas.spec import QuotaDefaults
 from app.usage.prices import Prices
 from node.settings import NodeSettings
+from wire.sandboxes import MAX_FILE_BYTES
 
 #: Admin keys that are refused outside dev mode.
 WEAK_ADMIN_KEYS = frozenset({"", "admin", "changeme", "changethis", "secret", "password", "corral"})
@@ -76,7 +77,37 @@ class Settings(DatabaseSettings):
         "X-Forwarded-For and X-Forwarded-Proto are believed. Unset: those headers are "
         "ignored and the peer address is the client's.",
     )
-    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    max_body_bytes: int = Field(
+        8 * 1024 * 1024,
+        ge=1024,
+        description="The largest request body, on every route but a file upload's (those "
+        "stream, bounded by max_file_bytes).",
+    )
+    max_file_bytes: int = Field(
+        MAX_FILE_BYTES,
+        ge=1024,
+        le=MAX_FILE_BYTES,
+        description="The largest file one upload writes or one download reads (a sandbox's "
+        "disk bounds it too: a full one is 507 disk_full). At most the nodes' own bound.",
+    )
+    e2b_sandbox_memory_mb: int = Field(
+        512,
+        ge=32,
+        le=262_144,
+        description="Memory of a sandbox made through E2B's API (its create names none; "
+        "E2B's templates carry it). A sandbox's files count against its memory, so this "
+        "bounds what its files hold together too.",
+    )
+    e2b_sandbox_disk_mb: int = Field(
+        1024, ge=16, le=1_048_576, description="Writable layer of a sandbox made through E2B's API."
+    )
+    transfer_idle_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="How long a file transfer may wait on its client: an upload for its next "
+        "bytes (else 408 upload_stalled), a download for it to take the next ones (else "
+        "the connection is closed); either way its transfer slot is freed.",
+    )
     auth_cache_seconds: float = Field(
         2.0, ge=0, description="How long a verified API key is trusted without a database read."
     )

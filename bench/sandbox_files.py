@@ -1,4 +1,5 @@
-"""Sandbox file calls through the API: a small file's round trip, and a 64 MiB read.
+"""Sandbox file calls through the API: a small file's round trip, a 64 MiB read, a large
+file's upload and download.
 
 Starts ``corral serve`` (embedded; crun; the ``python`` image from var/images) and
 measures, as a client sees them:
@@ -8,7 +9,14 @@ measures, as a client sees them:
 * ``--reads`` reads of a 64 MiB file of random bytes (``GET .../files``, streamed, the
   client discarding what it gets): the time of each and the server's resident memory at
   its highest during them, over its resident memory before (sampled from
-  ``/proc/<pid>/status`` every 5 ms).
+  ``/proc/<pid>/status`` every 5 ms);
+* with ``--large-mib N``: a file of N MiB uploaded (``PUT``, streamed from the client in
+  1 MiB chunks made as they are sent, no Content-Length) then downloaded (``GET``,
+  streamed, discarded), by this tree's server only: MB/s (10^6 bytes per second) of each
+  and the server's peak resident memory growth during each. The baseline in the same run
+  is the sandbox's own disk: the same size written inside the sandbox (``head -c N
+  /dev/zero > f``) and read back (``cat f > /dev/null``), timed by its ``exec``. (Before
+  this, an upload over 8 MiB was refused: no earlier commit can be measured.)
 
 With ``--compare REV`` the server of an earlier commit runs beside this tree's and both
 are measured in four halves, after-before-before-after, so that a drift of the machine
@@ -16,6 +24,7 @@ falls on both (the earlier server uses this tree's ``corral-init``, which still 
 the command protocol it knows). Prints one JSON document.
 
     .venv/bin/python bench/sandbox_files.py --calls 300 --reads 6 --compare HEAD~3
+    .venv/bin/python bench/sandbox_files.py --calls 20 --reads 2 --large-mib 2048
 """
 
 from __future__ import annotations
@@ -35,6 +44,8 @@ from sandboxes import IMAGES, Api, SandboxServer
 from stats import latency_summary
 
 BIG_BYTES = 64 << 20
+#: a large upload's chunk, as the client sends it
+LARGE_CHUNK = 1 << 20
 
 
 def rss_kib(pid: int) -> int:
@@ -113,6 +124,56 @@ class Side:
             self.samples["big"].append(elapsed * 1000)
             self.rss_growth_mib.append(round((peak.peak - peak.before) / 1024, 1))
 
+    async def large(self, mib: int) -> dict[str, Any]:
+        """One upload and one download of ``mib`` MiB, and the sandbox's own disk."""
+        sandbox_id = await self.api.create(memory_mb=mib + 512, disk_mb=mib + 512)
+        one, size = f"/v1/sandboxes/{sandbox_id}", mib << 20
+        block = bytes(range(256)) * (LARGE_CHUNK // 256)
+
+        async def body() -> Any:
+            for _ in range(mib):
+                yield block
+
+        params = {"path": "/home/user/large.bin"}
+        try:
+            with Peak(self.server.proc.pid) as up:
+                t0 = time.perf_counter()
+                put = await self.api.request("PUT", f"{one}/files", params=params, content=body())
+                upload_s = time.perf_counter() - t0
+            if put.status_code != 200 or put.json()["size"] != size:
+                raise RuntimeError(f"the large upload failed: {put.status_code} {put.text}")
+            total = 0
+            with Peak(self.server.proc.pid) as down:
+                t0 = time.perf_counter()
+                async with self.api.http.stream("GET", f"{one}/files", params=params) as answer:
+                    async for chunk in answer.aiter_raw():
+                        total += len(chunk)
+                download_s = time.perf_counter() - t0
+            if total != size:
+                raise RuntimeError(f"the large download gave {total} bytes")
+            script = (
+                "rm -f /home/user/large.bin; s=$(date +%s%N); "
+                f"head -c {size} /dev/zero > /home/user/disk.bin; m=$(date +%s%N); "
+                "cat /home/user/disk.bin > /dev/null; e=$(date +%s%N); echo $s $m $e"
+            )
+            ran = await self.api.exec(sandbox_id, ["sh", "-c", script])
+            start, middle, end = (int(x) for x in ran["stdout"].split())
+        finally:
+            await self.api.destroy(sandbox_id)
+
+        def rate(seconds: float) -> float:
+            return round(size / seconds / 1e6, 1)
+
+        return {
+            "mib": mib,
+            "upload_mb_per_s": rate(upload_s),
+            "upload_server_rss_growth_mib": round((up.peak - up.before) / 1024, 1),
+            "download_mb_per_s": rate(download_s),
+            "download_server_rss_growth_mib": round((down.peak - down.before) / 1024, 1),
+            "baseline_in_sandbox_write_mb_per_s": rate((middle - start) / 1e9),
+            "baseline_in_sandbox_read_mb_per_s": rate((end - middle) / 1e9),
+        }
+
     def summary(self) -> dict[str, Any]:
         round_trips = [
             w + r for w, r in zip(self.samples["write"], self.samples["read"], strict=True)
@@ -153,10 +214,14 @@ async def measure(sides: dict[str, Side], args: argparse.Namespace) -> dict[str,
         await sides[name].small(args.calls // 2, data)
     for name in order:
         await sides[name].big(max(1, args.reads // 2))
+    large = await sides["after"].large(args.large_mib) if args.large_mib else None
     for side in sides.values():
         await side.api.destroy(side.one.rsplit("/", 1)[1])
         await side.api.http.aclose()
-    return {name: side.summary() for name, side in sides.items()}
+    result = {name: side.summary() for name, side in sides.items()}
+    if large is not None:
+        result["after"]["large"] = large
+    return result
 
 
 def main() -> None:
@@ -165,6 +230,9 @@ def main() -> None:
     parser.add_argument("--small-bytes", type=int, default=100)
     parser.add_argument("--reads", type=int, default=6, help="64 MiB reads per server")
     parser.add_argument("--compare", help="also measure the server of this earlier commit")
+    parser.add_argument(
+        "--large-mib", type=int, default=0, help="also upload and download a file this large"
+    )
     args = parser.parse_args()
     if not (IMAGES / "names" / "python").exists():
         sys.exit("build the python image first: bash scripts/setup-images.sh")

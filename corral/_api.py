@@ -1,15 +1,17 @@
 """What the sync and async clients share: settings, request bodies and the exec stream.
 
-No I/O here; ``_client`` and ``_sandbox`` send what these functions build.
+No I/O here; ``_client`` and ``_sandbox`` send what these functions build (a file
+object given to ``files.write`` is read only as its request sends it).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO, cast
 from urllib.parse import quote
 
 import httpx
@@ -111,8 +113,57 @@ def file_mode(mode: int | None) -> str | None:
     return f"{mode:03o}"
 
 
-def as_bytes(data: bytes | str) -> bytes:
+def as_bytes(data: bytes | bytearray | memoryview | str) -> bytes:
     return data.encode() if isinstance(data, str) else bytes(data)
+
+
+#: what ``files.write`` sends: bytes or text whole; a binary file object or an iterable of
+#: byte chunks streamed as read (never held whole, whatever its size)
+FileData = bytes | bytearray | memoryview | str | BinaryIO | Iterable[bytes]
+#: the chunk a file object is read in, as it is sent
+UPLOAD_CHUNK = 1 << 20
+
+
+def file_content(data: FileData) -> bytes | Iterator[bytes]:
+    """A write's body: bytes as they are, a file object or iterable as a stream of chunks."""
+    if isinstance(data, (bytes, bytearray, memoryview, str)):
+        return as_bytes(data)
+    if hasattr(data, "read"):
+        return _read_chunks(cast(BinaryIO, data))
+    return (bytes(chunk) for chunk in data)
+
+
+def _read_chunks(file: BinaryIO) -> Iterator[bytes]:
+    while chunk := file.read(UPLOAD_CHUNK):
+        yield chunk
+
+
+async def async_file_content(
+    data: FileData | AsyncIterable[bytes],
+) -> bytes | AsyncIterator[bytes]:
+    """``file_content`` for an async client: a file object is read off the event loop."""
+    if isinstance(data, (bytes, bytearray, memoryview, str)):
+        return as_bytes(data)
+    if hasattr(data, "read"):
+        return _read_chunks_async(cast(BinaryIO, data))
+    if isinstance(data, AsyncIterable):
+        return _async_chunks(data)
+    return _async_chunks(_iterate(data))
+
+
+async def _read_chunks_async(file: BinaryIO) -> AsyncIterator[bytes]:
+    while chunk := await asyncio.to_thread(file.read, UPLOAD_CHUNK):
+        yield chunk
+
+
+async def _iterate(chunks: Iterable[bytes]) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk
+
+
+async def _async_chunks(chunks: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
+    async for chunk in chunks:
+        yield bytes(chunk)
 
 
 def json_object(response: httpx.Response) -> dict[str, Any]:

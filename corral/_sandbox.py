@@ -6,21 +6,24 @@ idle timeout; used as a context manager, it is destroyed when the block ends.
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import inspect
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterable, Callable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import httpx
 
 from corral._api import (
     ExecStream,
-    as_bytes,
+    FileData,
+    async_file_content,
     drop_none,
     exec_body,
     exec_read_timeout,
+    file_content,
     file_mode,
     one,
 )
@@ -150,15 +153,29 @@ class Files:
         return FileEntry.from_json(self._client._json(method, self._path + tail, **kwargs))
 
     def write(
-        self, path: str, data: bytes | str, *, user: str | None = None, mode: int | None = None
+        self, path: str, data: FileData, *, user: str | None = None, mode: int | None = None
     ) -> FileEntry:
-        """Create or replace a file (a string is written as UTF-8); parents are made."""
+        """Create or replace a file (a string is written as UTF-8); parents are made. A
+        binary file object (``open(p, "rb")``) or an iterable of byte chunks is streamed
+        as it is read, whatever its size (up to the gateway's ``max_file_bytes``)."""
         params = drop_none(path=path, user=user, mode=file_mode(mode))
-        return self._entry("PUT", "", params=params, content=as_bytes(data))
+        return self._entry("PUT", "", params=params, content=file_content(data))
 
     def read(self, path: str, *, user: str | None = None) -> bytes:
+        """A file's bytes, whole (``read_into`` streams a large one)."""
         params = drop_none(path=path, user=user)
         return self._client._send("GET", self._path, params=params).content
+
+    def read_into(self, path: str, target: BinaryIO, *, user: str | None = None) -> int:
+        """Stream a file's bytes into ``target`` (a binary file object) as they arrive,
+        never held whole; answers how many were written."""
+        params = drop_none(path=path, user=user)
+        written = 0
+        with self._client._stream("GET", self._path, params=params) as answer:
+            for chunk in answer.iter_bytes():
+                target.write(chunk)
+                written += len(chunk)
+        return written
 
     def read_text(self, path: str, encoding: str = "utf-8", *, user: str | None = None) -> str:
         return self.read(path, user=user).decode(encoding)
@@ -299,14 +316,31 @@ class AsyncFiles:
         return FileEntry.from_json(await self._client._json(method, self._path + tail, **kwargs))
 
     async def write(
-        self, path: str, data: bytes | str, *, user: str | None = None, mode: int | None = None
+        self,
+        path: str,
+        data: FileData | AsyncIterable[bytes],
+        *,
+        user: str | None = None,
+        mode: int | None = None,
     ) -> FileEntry:
+        """``Files.write``; an async iterable of chunks streams too."""
         params = drop_none(path=path, user=user, mode=file_mode(mode))
-        return await self._entry("PUT", "", params=params, content=as_bytes(data))
+        content = await async_file_content(data)
+        return await self._entry("PUT", "", params=params, content=content)
 
     async def read(self, path: str, *, user: str | None = None) -> bytes:
         params = drop_none(path=path, user=user)
         return (await self._client._send("GET", self._path, params=params)).content
+
+    async def read_into(self, path: str, target: BinaryIO, *, user: str | None = None) -> int:
+        """``Files.read_into``: ``target`` is written off the event loop."""
+        params = drop_none(path=path, user=user)
+        written = 0
+        async with self._client._stream("GET", self._path, params=params) as answer:
+            async for chunk in answer.aiter_bytes():
+                await asyncio.to_thread(target.write, chunk)
+                written += len(chunk)
+        return written
 
     async def read_text(
         self, path: str, encoding: str = "utf-8", *, user: str | None = None

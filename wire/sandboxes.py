@@ -288,8 +288,9 @@ class FileEntry(_Message):
 
 #: most entries in one page of a directory listing
 MAX_PAGE = 1000
-#: the largest file read or written in one request, by the gateway and the node alike
-MAX_FILE_BYTES = 256 << 20
+#: the largest file read or written in one request, by the node (the gateway's
+#: ``max_file_bytes`` is at most this); a sandbox's disk bounds an upload too
+MAX_FILE_BYTES = 4 << 30
 
 
 class EntryPage(_Message):

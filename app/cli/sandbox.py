@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import os
 import posixpath
 import re
 import stat
@@ -169,24 +170,26 @@ def sandbox_cp(src: str, dst: str, url: str, api_key: str | None) -> None:
 
 
 def _upload(sdk: Corral, local: str, sandbox_id: str, path: str) -> None:
-    mode: int | None = None
-    if local == "-":
-        data = sys.stdin.buffer.read()
-    else:
-        file = Path(local)
-        if file.is_dir():
-            raise click.ClickException(
-                f"{local} is a directory: cp copies one file (send a tar archive, then "
-                f"`corral sandbox exec {sandbox_id} -- tar -xf ...`)"
-            )
-        try:
-            data, mode = file.read_bytes(), stat.S_IMODE(file.stat().st_mode)
-        except OSError as exc:
-            raise click.ClickException(f"cannot read {local}: {exc.strerror}") from None
+    """Stream one local file (or standard input) into the sandbox, never read whole."""
     files = sdk.sandboxes.get(sandbox_id).files
-    if local != "-" and (path.endswith("/") or _is_dir(files, path)):
-        path = posixpath.join(path, Path(local).name)
-    files.write(path, data, mode=mode)
+    if local == "-":
+        files.write(path, sys.stdin.buffer)
+        return
+    file = Path(local)
+    if file.is_dir():
+        raise click.ClickException(
+            f"{local} is a directory: cp copies one file (send a tar archive, then "
+            f"`corral sandbox exec {sandbox_id} -- tar -xf ...`)"
+        )
+    if path.endswith("/") or _is_dir(files, path):
+        path = posixpath.join(path, file.name)
+    try:
+        opened = file.open("rb")
+    except OSError as exc:
+        raise click.ClickException(f"cannot read {local}: {exc.strerror}") from None
+    with opened:
+        mode = stat.S_IMODE(os.fstat(opened.fileno()).st_mode)
+        files.write(path, opened, mode=mode)
 
 
 def _is_dir(files: Files, path: str) -> bool:
@@ -197,21 +200,29 @@ def _is_dir(files: Files, path: str) -> bool:
 
 
 def _download(sdk: Corral, sandbox_id: str, path: str, local: str) -> None:
+    """Stream one file out of the sandbox: into a partial file renamed once whole (an
+    interrupted copy leaves no half file under the target's name)."""
     files = sdk.sandboxes.get(sandbox_id).files
     if files.stat(path).is_dir:
         raise click.ClickException(f"{sandbox_id}:{path} is a directory: cp copies one file")
-    data = files.read(path)
     if local == "-":
-        sys.stdout.buffer.write(data)
+        files.read_into(path, sys.stdout.buffer)
         sys.stdout.flush()
         return
     target = Path(local)
     if target.is_dir():
         target = target / posixpath.basename(path.rstrip("/"))
+    partial = target.with_name(f".{target.name}.corral-partial")
     try:
-        target.write_bytes(data)
+        with partial.open("wb") as out:
+            files.read_into(path, out)
+        partial.replace(target)
     except OSError as exc:
+        partial.unlink(missing_ok=True)
         raise click.ClickException(f"cannot write {target}: {exc.strerror}") from None
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
 
 
 @sandbox.command("ls")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from typing import TYPE_CHECKING
 
@@ -15,15 +16,30 @@ if TYPE_CHECKING:
     from app.metrics import Metrics
 
 
+#: file uploads: their bodies stream to a sandbox's node and are bounded there, by a
+#: file's maximum (``max_file_bytes``) and the sandbox's disk, never by ``max_body_bytes``
+UPLOADS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("PUT", re.compile(r"/v1/sandboxes/[^/]+/files")),  # Corral's write
+    ("POST", re.compile(r"/files")),  # E2B envd's upload
+)
+
+
+def is_upload(scope: Scope) -> bool:
+    """Whether a request is one of the file uploads (``UPLOADS``)."""
+    method, path = scope["method"], scope["path"]
+    return any(method == m and pattern.fullmatch(path) for m, pattern in UPLOADS)
+
+
 class BodySizeLimit:
-    """Refuse bodies over ``limit`` bytes, by Content-Length or as they stream in."""
+    """Refuse bodies over ``limit`` bytes, by Content-Length or as they stream in; a file
+    upload (``is_upload``) is passed on unbounded here (its handler bounds it)."""
 
     def __init__(self, app: ASGIApp, *, limit: int) -> None:
         self.app = app
         self.limit = limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or is_upload(scope):
             await self.app(scope, receive, send)
             return
         for name, value in scope["headers"]:

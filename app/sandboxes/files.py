@@ -3,12 +3,20 @@
 A download is the node's answer passed on chunk by chunk (``FileAnswer``); an upload is
 the caller's body passed on as it arrives (``bounded``), multipart ones too: each file of
 a ``multipart/form-data`` body is streamed to the node while the body is parsed
-(``multipart_files``), not spooled. A listing the caller does not page (E2B's ListDir) is
-gathered page by page up to a cap, and refused past it (``list_capped``).
+(``MultipartFiles``, python-multipart's push parser fed chunk by chunk), never spooled to
+memory or disk. Uploads are exempt from the gateway's body cap (``app.http.middleware``):
+each file is bounded by ``max_file_bytes`` (413 ``payload_too_large``) and by the
+sandbox's disk (507 ``disk_full``, from the node), and a client that sends nothing for
+``transfer_idle_seconds`` is refused (408 ``upload_stalled``), and a download whose client
+takes nothing for as long is cut: either frees the node's transfer slot. A listing the
+caller does not page (E2B's ListDir) is gathered page by page up to a cap, and refused
+past it (``list_capped``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -17,36 +25,84 @@ from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
-from app.errors import BadRequest, PayloadTooLarge
+from app.errors import BadRequest, PayloadTooLarge, UploadStalled
 from app.sandboxes.nodes import NodeClient, NodeFile
 from wire.sandboxes import MAX_FILE_BYTES, FileEntry
+
+log = logging.getLogger(__name__)
 
 #: files in one multipart upload, at most
 MAX_PARTS = 1000
 #: the headers of one multipart part, at most
 MAX_PART_HEADERS = 16 << 10
+#: the bytes of a multipart body's parts that are not read (form fields), at most: what a
+#: file's bound does not cover (a field that never ends, sent as fast as it is parsed)
+MAX_PASSED_OVER = 1 << 20
 
 
 class FileAnswer(StreamingResponse):
     """A file's bytes as the node streams them; the node's answer is released when this
-    one ends, however it ends (sent, cut, or never started)."""
+    one ends, however it ends (sent, cut, never started, or a client that takes nothing
+    for ``idle_s``: the connection is then closed, the answer unfinished)."""
 
-    def __init__(self, file: NodeFile) -> None:
+    def __init__(self, file: NodeFile, *, idle_s: float | None = None) -> None:
         super().__init__(file.chunks(), media_type="application/octet-stream")
         self._file = file
+        self._idle_s = idle_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        stalled = False
+
+        async def paced(message: Message) -> None:
+            nonlocal stalled
+            try:
+                async with asyncio.timeout(self._idle_s):
+                    await send(message)
+            except TimeoutError:
+                stalled = True
+                raise
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, paced)
+        except BaseException:
+            if not stalled:
+                raise
+            log.info("a download's client took nothing for %s s: cut", self._idle_s)
         finally:
             await self._file.aclose()
 
 
-async def bounded(
-    chunks: AsyncIterator[bytes], limit: int = MAX_FILE_BYTES
-) -> AsyncIterator[bytes]:
+def transfer_idle(request: Request) -> float:
+    """How long a transfer may wait on its client (``transfer_idle_seconds``)."""
+    idle_s: float = request.app.state.services.settings.transfer_idle_seconds
+    return idle_s
+
+
+def file_limit(request: Request) -> int:
+    """The largest file a transfer carries (the ``max_file_bytes`` setting)."""
+    limit: int = request.app.state.services.settings.max_file_bytes
+    return min(limit, MAX_FILE_BYTES)
+
+
+async def upload_body(request: Request) -> AsyncIterator[bytes]:
+    """The request's body as it arrives; ``UploadStalled`` when the client sends nothing
+    for ``transfer_idle_seconds`` (a slow client is fine, a silent one is not)."""
+    idle_s = transfer_idle(request)
+    body = aiter(request.stream())
+    while True:
+        try:
+            async with asyncio.timeout(idle_s):
+                chunk = await anext(body, None)
+        except TimeoutError:
+            raise UploadStalled(f"the upload sent nothing for {idle_s:g} s") from None
+        if chunk is None:
+            return
+        yield chunk
+
+
+async def bounded(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
     """``chunks``, refused (``PayloadTooLarge``) once they pass ``limit`` bytes."""
     size = 0
     async for chunk in chunks:
@@ -57,7 +113,7 @@ async def bounded(
             yield chunk
 
 
-def refuse_declared_over(request: Request, limit: int = MAX_FILE_BYTES) -> None:
+def refuse_declared_over(request: Request, limit: int) -> None:
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"a file is at most {limit} bytes")
@@ -74,14 +130,14 @@ class Part:
 class MultipartFiles:
     """A ``multipart/form-data`` body read as it arrives: ``parts()`` yields each part,
     ``data()`` that part's bytes (to be read before the next part is asked for; what is
-    not read is passed over)."""
+    not read is passed over). ``chunks``: the body (default: the request's stream)."""
 
-    def __init__(self, request: Request) -> None:
+    def __init__(self, request: Request, chunks: AsyncIterator[bytes] | None = None) -> None:
         kind, options = parse_options_header(request.headers.get("content-type", ""))
         boundary = options.get(b"boundary")
         if kind != b"multipart/form-data" or not boundary:
             raise BadRequest("a multipart/form-data body needs its boundary")
-        self._body = aiter(request.stream())
+        self._body = chunks if chunks is not None else aiter(request.stream())
         self._events: deque[tuple[str, bytes]] = deque()
         self._header = [b"", b""]
         self._headers: dict[bytes, bytes] = {}
@@ -144,11 +200,15 @@ class MultipartFiles:
         return self._events.popleft()
 
     async def parts(self) -> AsyncIterator[Part]:
-        count = 0
+        count = passed_over = 0
         while True:
             if self._in_part:
-                async for _ in self.data():
-                    pass  # not read: passed over
+                async for piece in self.data():  # not read: passed over, up to a bound
+                    passed_over += len(piece)
+                    if passed_over > MAX_PASSED_OVER:
+                        raise PayloadTooLarge(
+                            f"a multipart upload's fields are at most {MAX_PASSED_OVER} bytes"
+                        )
             kind, value = await self._event()
             if kind == "done":
                 return

@@ -6,8 +6,9 @@ anything else answers 127 on stderr (which tells what argv reached it)."""
 from __future__ import annotations
 
 import asyncio
+import io
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,44 @@ def test_files(client: Corral) -> None:
         with pytest.raises(ValueError, match="permission bits"):
             sbx.files.write("/x", b"", mode=0o17777)
     assert sbx.state == "stopping"  # the block's end destroyed it
+
+
+def test_files_stream_from_a_file_object_or_chunks_and_into_a_file(
+    client: Corral, tmp_path: Path
+) -> None:
+    source = tmp_path / "big.bin"
+    source.write_bytes(os.urandom(3 << 20) + b"\n" * 5)  # over the upload chunk (1 MiB)
+    with client.sandboxes.create(backend="fake") as sbx:
+        with source.open("rb") as opened:
+            assert sbx.files.write("/home/user/big.bin", opened).size == source.stat().st_size
+        target = tmp_path / "back.bin"
+        with target.open("wb") as out:
+            assert sbx.files.read_into("/home/user/big.bin", out) == source.stat().st_size
+        assert target.read_bytes() == source.read_bytes()
+        sbx.files.write("/home/user/parts", (part for part in [b"one ", bytearray(b"two")]))
+        assert sbx.files.read("/home/user/parts") == b"one two"
+
+
+async def test_the_async_client_streams_files(server: SandboxServer, tmp_path: Path) -> None:
+    source = tmp_path / "big.bin"
+    source.write_bytes(os.urandom((1 << 20) + 7))
+
+    async def parts() -> AsyncIterator[bytes]:
+        yield b"a"
+        yield b"b"
+
+    async with AsyncCorral(server.url, server.key) as sdk:
+        sbx = await sdk.sandboxes.create(backend="fake")
+        try:
+            with source.open("rb") as opened:
+                await sbx.files.write("/home/user/big.bin", opened)
+            out = io.BytesIO()
+            assert await sbx.files.read_into("/home/user/big.bin", out) == (1 << 20) + 7
+            assert out.getvalue() == source.read_bytes()
+            await sbx.files.write("/home/user/ab", parts())
+            assert await sbx.files.read("/home/user/ab") == b"ab"
+        finally:
+            await sbx.kill()
 
 
 def test_exec_gives_the_exact_bytes_of_output_that_is_not_text(client: Corral) -> None:

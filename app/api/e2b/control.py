@@ -227,8 +227,11 @@ def routes() -> list[Route]:
         template = str(body.get("templateID") or "base")
         metadata = _strings(body.get("metadata"), "metadata")
         ttl_s = _timeout(body.get("timeout"), None)
+        settings = services(request).settings
         create = CreateSandbox(
             image=TEMPLATE_IMAGES.get(template, template),
+            memory_mb=settings.e2b_sandbox_memory_mb,
+            disk_mb=settings.e2b_sandbox_disk_mb,
             env=_strings(body.get("envVars"), "envVars"),
             metadata=metadata | {"e2b.template": template},
             network=_network(body.get("allow_internet_access"), body.get("network")),

@@ -59,14 +59,16 @@ from app.sandboxes.files import (
     FileAnswer,
     MultipartFiles,
     bounded,
+    file_limit,
     list_capped,
     refuse_declared_over,
+    transfer_idle,
+    upload_body,
 )
 from app.sandboxes.nodes import NodeClient
 from common.logsafe import loggable
 from wire.processes import ProcessInfo, StartProcess
 from wire.sandboxes import (
-    MAX_FILE_BYTES,
     ExecEvent,
     ExecExit,
     ExecOutput,
@@ -479,9 +481,9 @@ async def files_get(request: Request) -> Response:
     caller, node = await _node(request)
     path = _path(request, caller, request.query_params.get("path"))
     file = await node.read_file(
-        caller.sandbox_id, path, user=_user(request), max_bytes=MAX_FILE_BYTES
+        caller.sandbox_id, path, user=_user(request), max_bytes=file_limit(request)
     )
-    return FileAnswer(file)
+    return FileAnswer(file, idle_s=transfer_idle(request))
 
 
 async def _upload(
@@ -490,8 +492,11 @@ async def _upload(
     path: str,
     user: str | None,
     chunks: AsyncIterator[bytes],
+    limit: int,
 ) -> Message:
-    entry = await node.write_file(caller.sandbox_id, path, bounded(chunks), user=user, mode=None)
+    entry = await node.write_file(
+        caller.sandbox_id, path, bounded(chunks, limit), user=user, mode=None
+    )
     return {"name": entry.name, "type": entry.type.value, "path": entry.path}
 
 
@@ -503,18 +508,19 @@ async def files_post(request: Request) -> Response:
     kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
     if request.headers.get("content-encoding", "identity") != "identity":
         raise NotSupported("compressed uploads are not supported by Corral")
-    refuse_declared_over(request)
+    limit = file_limit(request)  # each file's (a multipart body may carry several)
     if kind != "multipart/form-data":
+        refuse_declared_over(request, limit)
         path = _path(request, caller, request.query_params.get("path"))
-        return JSONResponse([await _upload(node, caller, path, user, request.stream())])
+        return JSONResponse([await _upload(node, caller, path, user, upload_body(request), limit)])
     written: list[Message] = []
-    body = MultipartFiles(request)
+    body = MultipartFiles(request, upload_body(request))
     async for part in body.parts():
         if part.filename is None:
             continue  # a form field, not a file
         name = request.query_params.get("path") or part.filename
         path = _path(request, caller, name)
-        written.append(await _upload(node, caller, path, user, body.data()))
+        written.append(await _upload(node, caller, path, user, body.data(), limit))
     if not written:
         raise BadRequest("the upload carries no file")
     return JSONResponse(written)

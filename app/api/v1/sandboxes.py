@@ -22,7 +22,14 @@ from app.db.models import Sandbox, Snapshot
 from app.errors import InvalidPath, ValidationFailed
 from app.http.endpoint import Call, Endpoint, Handler, endpoint
 from app.sandboxes import listing, output
-from app.sandboxes.files import FileAnswer, bounded, refuse_declared_over
+from app.sandboxes.files import (
+    FileAnswer,
+    bounded,
+    file_limit,
+    refuse_declared_over,
+    transfer_idle,
+    upload_body,
+)
 from app.schemas.sandboxes import (
     CreateSandbox,
     EntryList,
@@ -43,7 +50,7 @@ from app.schemas.sandboxes import (
     TimeoutBody,
     Timings,
 )
-from wire.sandboxes import MAX_FILE_BYTES, ExecRequest, FileEntry, NetworkPolicy, collect
+from wire.sandboxes import ExecRequest, FileEntry, NetworkPolicy, collect
 
 TAGS = ["sandboxes"]
 ONE = "/v1/sandboxes/{sandbox_id}"
@@ -216,25 +223,27 @@ async def read_file(call: Call) -> Response:
     q: PathQuery = call.query
     node = await call.services.sandboxes.node_for(call.tenant.tenant_id, call.path["sandbox_id"])
     file = await node.read_file(
-        call.path["sandbox_id"], q.path, user=q.user, max_bytes=MAX_FILE_BYTES
+        call.path["sandbox_id"], q.path, user=q.user, max_bytes=file_limit(call.request)
     )
-    return FileAnswer(file)
+    return FileAnswer(file, idle_s=transfer_idle(call.request))
 
 
 @endpoint(
     "PUT",
     f"{ONE}/files",
-    summary="Upload a file (the body is its bytes, streamed), written as the user named",
+    summary="Upload a file (the body is its bytes, streamed; up to max_file_bytes, not "
+    "the body cap), written as the user named",
     tags=TAGS,
     query=PathQuery,
     response=FileEntry,
 )
 async def write_file(call: Call) -> FileEntry:
     q: PathQuery = call.query
-    refuse_declared_over(call.request)
+    limit = file_limit(call.request)
+    refuse_declared_over(call.request, limit)
     node = await call.services.sandboxes.node_for(call.tenant.tenant_id, call.path["sandbox_id"])
     mode = int(q.mode, 8) if q.mode else None
-    chunks = bounded(call.request.stream())
+    chunks = bounded(upload_body(call.request), limit)
     return await node.write_file(call.path["sandbox_id"], q.path, chunks, user=q.user, mode=mode)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -91,6 +92,25 @@ def test_cp_uploads_and_downloads_one_file(server: SandboxServer, tmp_path: Path
     assert named.exit_code == 0 and (out_dir / "x.txt").read_text() == "from stdin"
     to_stdout = sandbox(server, "cp", f"{sandbox_id}:/tmp/stdin.txt", "-")
     assert to_stdout.exit_code == 0 and to_stdout.stdout == "from stdin"
+
+
+def test_cp_streams_a_file_over_the_body_cap_both_ways(
+    server: SandboxServer, tmp_path: Path
+) -> None:
+    sandbox_id = created(server)
+    here = tmp_path / "here"
+    here.mkdir()
+    local = here / "big.bin"
+    local.write_bytes(os.urandom(9 << 20))  # over the 8 MiB body cap of other routes
+    up = sandbox(server, "cp", str(local), f"{sandbox_id}:/home/user/big.bin")
+    assert up.exit_code == 0, up.output
+    with Corral(server.url, server.key) as client:
+        assert client.sandboxes.get(sandbox_id).files.stat("/home/user/big.bin").size == 9 << 20
+    back = here / "back.bin"
+    down = sandbox(server, "cp", f"{sandbox_id}:/home/user/big.bin", str(back))
+    assert down.exit_code == 0, down.output
+    assert back.read_bytes() == local.read_bytes()
+    assert sorted(p.name for p in here.iterdir()) == ["back.bin", "big.bin"]  # no partial
 
 
 def test_cp_refuses_what_it_cannot_copy(server: SandboxServer, tmp_path: Path) -> None:

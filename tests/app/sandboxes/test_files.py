@@ -87,6 +87,22 @@ async def test_a_multipart_body_has_a_bounded_number_of_parts(
             pass
 
 
+async def test_what_a_multipart_body_passes_over_is_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(files, "MAX_PASSED_OVER", 100)
+    fits = body(("note", None, b"n" * 60), ("other", None, b"o" * 40), ("file", "/f", b"x" * 500))
+    upload = MultipartFiles(request(fits, 64))
+    read = [
+        b"".join([p async for p in upload.data()]) async for part in upload.parts() if part.filename
+    ]
+    assert read == [b"x" * 500]  # a file read is not passed over
+    endless = body(("note", None, b"n" * 60), ("other", None, b"o" * 41))
+    with pytest.raises(PayloadTooLarge, match="fields are at most 100 bytes"):
+        async for _ in MultipartFiles(request(endless, 64)).parts():
+            pass
+
+
 async def test_an_upload_past_the_limit_is_refused() -> None:
     async def chunks() -> AsyncIterator[bytes]:
         for _ in range(10):

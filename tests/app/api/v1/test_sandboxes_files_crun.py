@@ -217,3 +217,83 @@ def test_file_calls_on_a_paused_sandbox_answer_409(serve: Callable[..., Api]) ->
         assert answer.json()["error"]["code"] == "sandbox_not_running"
     assert api.http.post(f"{one}/resume").status_code == 200
     assert api.http.get(f"{one}/files", params={"path": "/tmp/a"}).content == b"a"
+
+
+#: a large file's size (issue 31: 1 GiB round trips in the suite)
+LARGE = 1 << 30
+#: the most the server's resident memory may grow while it travels
+FLAT = 64 << 20
+
+
+def test_a_large_file_round_trips_through_the_sdk_with_memory_flat(
+    serve: Callable[..., Api],
+) -> None:
+    from corral import Corral
+    from tests.app.sandboxes.large import PeakMemory, Sink, Source
+
+    api = serve("large")
+    size_mb = (LARGE >> 20) + 512  # its files count against its memory
+    key = api.http.headers["Authorization"].removeprefix("Bearer ")
+    with Corral(str(api.http.base_url), key, timeout=120) as sdk:
+        sbx = sdk.sandboxes.create("python", memory_mb=size_mb, disk_mb=size_mb)
+        try:
+            source = Source(LARGE)
+            with PeakMemory() as up:
+                entry = sbx.files.write("/home/user/big.bin", source)
+            assert entry.size == LARGE
+            sink = Sink()
+            with PeakMemory() as down:
+                assert sbx.files.read_into("/home/user/big.bin", sink) == LARGE  # type: ignore[arg-type]
+            assert sink.digest() == source.digest()
+            assert up.growth < FLAT, up.growth >> 20  # a memory bound, not a timing
+            assert down.growth < FLAT, down.growth >> 20
+        finally:
+            sbx.kill()
+
+
+def test_an_upload_cut_or_silent_frees_its_transfer_slot(serve: Callable[..., Api]) -> None:
+    import socket
+    from urllib.parse import urlsplit
+
+    api = serve("cut", sandbox_transfers_per_tenant=1, transfer_idle_seconds=0.5)
+    one = api.sandbox(disk_mb=64)
+    where = urlsplit(str(api.http.base_url))
+    head = (
+        f"PUT {one}/files?path=/tmp/cut HTTP/1.1\r\nHost: {where.netloc}\r\n"
+        f"Authorization: {api.http.headers['Authorization']}\r\n"
+        "Content-Length: 1000000\r\n\r\n"
+    ).encode()
+    with socket.create_connection((where.hostname, where.port), timeout=10) as silent:
+        silent.sendall(head + b"x" * 1000)  # then nothing
+        answer = silent.recv(4096).decode()
+    assert answer.startswith("HTTP/1.1 408"), answer
+    assert "upload_stalled" in answer
+    with socket.create_connection((where.hostname, where.port), timeout=10) as cut:
+        cut.sendall(head + b"y" * 1000)  # then gone
+    deadline = time.monotonic() + 10
+    while (
+        put := api.http.put(f"{one}/files", params={"path": "/tmp/x"}, content=b"x")
+    ).status_code == 429:
+        assert time.monotonic() < deadline, "the cut upload's place was never freed"
+        time.sleep(0.05)
+    assert put.status_code == 200, put.text
+
+
+def test_a_download_its_client_does_not_read_is_cut_and_frees_its_slot(
+    serve: Callable[..., Api],
+) -> None:
+    api = serve("unread", sandbox_transfers_per_tenant=1, transfer_idle_seconds=0.5)
+    one = api.sandbox(disk_mb=128)
+    api.sh(one, "head -c 64M /dev/urandom > /tmp/big")  # more than the sockets' buffers
+    with api.http.stream("GET", f"{one}/files", params={"path": "/tmp/big"}) as unread:
+        assert unread.status_code == 200
+        deadline = time.monotonic() + 10
+        while (
+            put := api.http.put(f"{one}/files", params={"path": "/tmp/x"}, content=b"x")
+        ).status_code == 429:
+            assert time.monotonic() < deadline, "the unread download's place was never freed"
+            time.sleep(0.05)
+        assert put.status_code == 200, put.text
+        with pytest.raises(httpx.HTTPError):  # cut: never the whole file
+            for _ in unread.iter_raw():
+                pass
