@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 import corral
+from images import ImageStore
 from node.sandboxes.crun.process import READ_CHUNK
 from tests.app.api.v1.test_sandboxes import stopped_soon
 from tests.conftest import ADMIN
@@ -201,7 +202,7 @@ def test_hostile_programs_in_python_sandboxes_through_a_real_server(
             json={"command": "echo 'exit 99' > /bin/bash; /bin/bash -c 'echo x'", "user": "root"},
         ).json()
         assert wrecked["exit_code"] != 0 and "x" not in wrecked["stdout"], wrecked
-        (image_bash,) = python_images_dir().glob("*/rootfs/bin/bash")
+        image_bash = ImageStore(python_images_dir()).resolve("python").rootfs / "bin/bash"
         assert image_bash.read_bytes()[:4] == b"\x7fELF"  # the shared base is untouched
         fine = api.post(f"{bystander}/exec", json={"cmd": ["/bin/bash", "-c", "echo $((6*7))"]})
         assert fine.json()["stdout"] == "42\n", fine.text
