@@ -309,11 +309,15 @@ def _killing(request: Request) -> Confirm:
 
 
 def _revoking(request: Request) -> Confirm:
-    key_id, tenant_id = request.path_params["key_id"], request.path_params["tenant_id"]
+    return _revoking_key(request, f"/console/tenants/{request.path_params['tenant_id']}")
+
+
+def _revoking_key(request: Request, back: str) -> Confirm:
+    key_id = request.path_params["key_id"]
     return Confirm(
         f"Revoke the key {key_id}? Every client and console session using it is refused at once.",
         "Revoke",
-        f"/console/tenants/{tenant_id}",
+        back,
     )
 
 
@@ -369,12 +373,7 @@ async def revoke_own_key(request: Request, user: User) -> Response:
 
 
 def _revoking_own(request: Request) -> Confirm:
-    key_id = request.path_params["key_id"]
-    return Confirm(
-        f"Revoke the key {key_id}? Every client and console session using it is refused at once.",
-        "Revoke",
-        "/console/keys",
-    )
+    return _revoking_key(request, "/console/keys")
 
 
 # --- running code and the invocations ---------------------------------------------------------

@@ -4,7 +4,7 @@ it). Revoking reaches every gateway at once (``Authenticator.revoked``)."""
 
 from __future__ import annotations
 
-from app.api.v1.tenants import new_key_out
+from app.api.v1.tenants import new_key_out, revoke
 from app.db import tenants as repo
 from app.http.endpoint import Call, endpoint
 from app.schemas.tenants import KeyCreate, KeyList, KeyOut, NewKeyOut
@@ -52,12 +52,7 @@ async def create_own_key(call: Call) -> NewKeyOut:
     errors=(404,),
 )
 async def revoke_own_key(call: Call) -> KeyOut:
-    tenant_id = call.tenant.tenant_id
-    async with call.services.sessions.begin() as session:
-        key = await repo.revoke_key(session, tenant_id=tenant_id, key_id=call.path["key_id"])
-        out = KeyOut.model_validate(key)
-    await call.services.authenticator.revoked(tenant_id)
-    return out
+    return await revoke(call, call.tenant.tenant_id, call.path["key_id"])
 
 
 endpoints = [list_own_keys, create_own_key, revoke_own_key]

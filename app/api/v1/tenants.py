@@ -146,9 +146,13 @@ async def list_keys(call: Call) -> KeyList:
     response=KeyOut,
 )
 async def revoke_key(call: Call) -> KeyOut:
-    tenant_id = call.path["tenant_id"]
+    return await revoke(call, call.path["tenant_id"], call.path["key_id"])
+
+
+async def revoke(call: Call, tenant_id: str, key_id: str) -> KeyOut:
+    """Revoke the tenant's key ``key_id``; every gateway refuses it at once."""
     async with call.services.sessions.begin() as session:
-        key = await repo.revoke_key(session, tenant_id=tenant_id, key_id=call.path["key_id"])
+        key = await repo.revoke_key(session, tenant_id=tenant_id, key_id=key_id)
         out = KeyOut.model_validate(key)
     await call.services.authenticator.revoked(tenant_id)
     return out

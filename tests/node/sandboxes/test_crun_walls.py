@@ -9,6 +9,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -133,6 +134,19 @@ async def test_a_snapshot_keeps_the_ids_of_inside_and_a_sandbox_of_another_range
     assert await host_ids_of_a_command(crun, "sbx-snap-dst", "user") != source
 
 
+async def holding(crun: CrunBackend, sandbox_id: str, program: str, *, timeout_s: float) -> Any:
+    """``program`` run by python3 as the sandbox's user, once it has printed ``held``."""
+    process = await crun.exec(
+        sandbox_id,
+        ExecRequest(cmd=["python3", "-c", program], timeout_s=timeout_s),
+        default_user="user",
+    )
+    async for event in process.events():
+        if getattr(event, "data", b"").startswith(b"held"):
+            break
+    return process
+
+
 async def test_per_user_kernel_limits_count_per_sandbox(
     crun: CrunBackend, python_image: RootImage
 ) -> None:
@@ -149,13 +163,7 @@ async def test_per_user_kernel_limits_count_per_sandbox(
         "    except PermissionError: pass\n"
         "print('held', flush=True); time.sleep(20)\n"
     )
-    hogging = await crun.exec(
-        "sbx-pipes-a", ExecRequest(cmd=["python3", "-c", hog], timeout_s=30), default_user="user"
-    )
-    events = hogging.events()
-    async for event in events:
-        if getattr(event, "data", b"").startswith(b"held"):
-            break
+    hogging = await holding(crun, "sbx-pipes-a", hog, timeout_s=30)
     size = "import fcntl, os; r, w = os.pipe(); print(fcntl.fcntl(w, 1032))"  # F_GETPIPE_SZ
     # the hog's own uid is past the soft limit: its next pipe is cut to one page or two
     own = await run(crun, "sbx-pipes-a", ["python3", "-c", size])
@@ -198,12 +206,7 @@ async def test_processes_count_per_sandbox_and_inotify_is_nobodys_to_use_up(
         "    if os.fork() == 0: time.sleep(30); os._exit(0)\n"
         "print('held', flush=True); time.sleep(30)\n"
     )
-    hogging = await crun.exec(
-        "sbx-count-a", ExecRequest(cmd=["python3", "-c", hog], timeout_s=40), default_user="user"
-    )
-    async for event in hogging.events():
-        if getattr(event, "data", b"").startswith(b"held"):
-            break
+    hogging = await holding(crun, "sbx-count-a", hog, timeout_s=40)
     own = await run(crun, "sbx-count-a", ["python3", "-c", PROBE_USER_LIMITS])
     other = await run(crun, "sbx-count-b", ["python3", "-c", PROBE_USER_LIMITS])
     assert own.stdout.decode().split() == ["EPERM", "EAGAIN"], own
