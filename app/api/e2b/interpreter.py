@@ -52,6 +52,8 @@ TAG = INTERNAL_TAG + "interpreter:"
 DEFAULT_CONTEXT = "default"
 LANGUAGES = {None, "python", "python3"}
 INTERRUPT_GRACE_S = 3.0
+#: how long a killed worker may take to leave the process table
+END_WAIT_S = 5.0
 MAX_BODY_BYTES = 4 << 20
 
 _starting: weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock] = (
@@ -91,6 +93,19 @@ async def _workers(node: NodeClient, sandbox_id: str) -> dict[str, ProcessInfo]:
         if p.tag is not None and p.tag.startswith(TAG):
             found.setdefault(p.tag.removeprefix(TAG), p)
     return found
+
+
+async def end_worker(node: NodeClient, sandbox_id: str, context_id: str, pid: int) -> None:
+    """Kill a context's worker and wait (at most ``END_WAIT_S``) until it has left the
+    sandbox's process table, so a list right after a remove, or a restart's new worker,
+    never finds the old one."""
+    await node.signal_process(sandbox_id, pid, signal.SIGKILL)
+    deadline = asyncio.get_running_loop().time() + END_WAIT_S
+    while (found := (await _workers(node, sandbox_id)).get(context_id)) and found.pid == pid:
+        if asyncio.get_running_loop().time() >= deadline:
+            log.warning("sandbox=%s: context %s's worker outlived its kill", sandbox_id, context_id)
+            return
+        await asyncio.sleep(0.02)
 
 
 async def _start_worker(node: NodeClient, sandbox_id: str, context_id: str, cwd: str) -> int:
@@ -154,7 +169,9 @@ async def _answers(events: AsyncIterator[ExecEvent], cell: str) -> AsyncIterator
             yield answer
 
 
-async def _interrupt(node: NodeClient, sandbox_id: str, pid: int, cell: str) -> None:
+async def _interrupt(
+    node: NodeClient, sandbox_id: str, context_id: str, pid: int, cell: str
+) -> None:
     """Stop a cell its client no longer waits for: SIGINT, then SIGKILL the worker."""
     try:
         events = node.follow_process(sandbox_id, pid)
@@ -169,7 +186,7 @@ async def _interrupt(node: NodeClient, sandbox_id: str, pid: int, cell: str) -> 
             log.warning(
                 "sandbox=%s: cell %s ignored SIGINT; its context is reset", sandbox_id, cell
             )
-            await node.signal_process(sandbox_id, pid, signal.SIGKILL)
+            await end_worker(node, sandbox_id, context_id, pid)
         finally:
             await events.aclose()  # type: ignore[attr-defined]
     except (CorralError, StopAsyncIteration) as exc:
@@ -212,7 +229,7 @@ async def execute(request: Request) -> Response:
             done = True
         finally:
             if not done:
-                task = asyncio.create_task(_interrupt(node, sandbox_id, pid, cell))
+                task = asyncio.create_task(_interrupt(node, sandbox_id, context_id, pid, cell))
                 _interrupts.add(task)
                 task.add_done_callback(_interrupts.discard)
 
@@ -249,7 +266,7 @@ async def _worker(request: Request) -> tuple[SandboxCaller, NodeClient, str, Pro
 
 async def remove_context(request: Request) -> Response:
     caller, node, context_id, worker = await _worker(request)
-    await node.signal_process(caller.sandbox_id, worker.pid, signal.SIGKILL)
+    await end_worker(node, caller.sandbox_id, context_id, worker.pid)
     log.info("sandbox=%s: interpreter context %s removed", caller.sandbox_id, loggable(context_id))
     return Response(status_code=204)
 
@@ -257,11 +274,7 @@ async def remove_context(request: Request) -> Response:
 async def restart_context(request: Request) -> Response:
     caller, node, context_id, worker = await _worker(request)
     await services(request).sandboxes.admission.cpu(caller.principal)
-    await node.signal_process(caller.sandbox_id, worker.pid, signal.SIGKILL)
-    for _ in range(100):  # until the killed worker has left the table
-        if context_id not in await _workers(node, caller.sandbox_id):
-            break
-        await asyncio.sleep(0.02)
+    await end_worker(node, caller.sandbox_id, context_id, worker.pid)
     await _start_worker(node, caller.sandbox_id, context_id, worker.cwd or _home(caller))
     return Response(status_code=204)
 
