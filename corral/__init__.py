@@ -40,9 +40,11 @@ from corral._errors import (
 from corral._models import ExecResult, FileEntry, SandboxInfo, Timings
 from corral._resources import (
     AsyncFunctions,
+    AsyncInvocations,
     AsyncKeys,
     AsyncTenants,
     Functions,
+    Invocations,
     Keys,
     Tenants,
 )
@@ -52,6 +54,7 @@ __all__ = [
     "AsyncCorral",
     "AsyncFiles",
     "AsyncFunctions",
+    "AsyncInvocations",
     "AsyncKeys",
     "AsyncSandbox",
     "AsyncSandboxes",
@@ -70,6 +73,7 @@ __all__ = [
     "Functions",
     "ImageNotFound",
     "InvalidPath",
+    "Invocations",
     "Keys",
     "NoCapacity",
     "NodeUnavailable",

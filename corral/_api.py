@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, cast
 from urllib.parse import quote
@@ -58,8 +58,11 @@ def create_body(
     env: Mapping[str, str] | None,
     metadata: Mapping[str, str] | None,
     user: str | None,
+    network: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """A create body with only what was given (the server fills in the rest)."""
+    """A create body with only what was given (the server fills in the rest). ``network``
+    is the allow-list (``HOST[:PORT]`` entries; ``0.0.0.0/0`` is the internet); none or
+    an empty one: no network."""
     return drop_none(
         image=image,
         backend=backend,
@@ -71,6 +74,7 @@ def create_body(
         env=dict(env) if env is not None else None,
         metadata=dict(metadata) if metadata is not None else None,
         user=user,
+        network={"allow": list(network)} if network is not None else None,
     )
 
 

@@ -115,6 +115,17 @@ def image_get(ref: str) -> Call:
     return Call("GET", f"/v1/images/{_seg(ref)}")
 
 
+def invocation_list(
+    *, limit: int | None, status: str | None, kind: str | None, cursor: str | None
+) -> Call:
+    params = drop_none(limit=limit, status=status, kind=kind, cursor=cursor)
+    return Call("GET", "/v1/invocations", params=params or None)
+
+
+def invocation_get(invocation_id: str) -> Call:
+    return Call("GET", f"/v1/invocations/{_seg(invocation_id)}")
+
+
 def function_list() -> Call:
     return Call("GET", "/v1/functions")
 

@@ -9,7 +9,7 @@ exceptions are converted here, at the seam.
 from __future__ import annotations
 
 import builtins
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from types import TracebackType
 from typing import Any
@@ -32,10 +32,12 @@ from corral._models import SandboxInfo
 from corral._resources import (
     AsyncFunctions,
     AsyncImages,
+    AsyncInvocations,
     AsyncKeys,
     AsyncTenants,
     Functions,
     Images,
+    Invocations,
     Keys,
     Tenants,
 )
@@ -70,6 +72,7 @@ class Corral:
         self.sandboxes = Sandboxes(self)
         self.functions = Functions(self)
         self.images = Images(self)
+        self.invocations = Invocations(self)
         self.tenants = Tenants(self)
         self.keys = Keys(self)
 
@@ -204,6 +207,7 @@ class Sandboxes:
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
         user: str | None = None,
+        network: Sequence[str] | None = None,
     ) -> Sandbox:
         """A new running sandbox; what is not given takes the server's default."""
         body = create_body(
@@ -217,6 +221,7 @@ class Sandboxes:
             env=env,
             metadata=metadata,
             user=user,
+            network=network,
         )
         info = SandboxInfo.from_json(self._client._json("POST", SANDBOXES, json=body))
         return Sandbox(self._client, info)
@@ -255,6 +260,7 @@ class AsyncCorral:
         self.sandboxes = AsyncSandboxes(self)
         self.functions = AsyncFunctions(self)
         self.images = AsyncImages(self)
+        self.invocations = AsyncInvocations(self)
         self.tenants = AsyncTenants(self)
         self.keys = AsyncKeys(self)
 
@@ -384,6 +390,7 @@ class AsyncSandboxes:
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
         user: str | None = None,
+        network: Sequence[str] | None = None,
     ) -> AsyncSandbox:
         body = create_body(
             image=image,
@@ -396,6 +403,7 @@ class AsyncSandboxes:
             env=env,
             metadata=metadata,
             user=user,
+            network=network,
         )
         info = SandboxInfo.from_json(await self._client._json("POST", SANDBOXES, json=body))
         return AsyncSandbox(self._client, info)

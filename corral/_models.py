@@ -68,6 +68,8 @@ class SandboxInfo:
     timings: Timings = field(default_factory=Timings)
     cpu_ms: float | None = None
     memory_bytes: int | None = None
+    #: the destinations it may reach (``HOST[:PORT]``); empty: no network
+    network: list[str] = field(default_factory=list)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SandboxInfo:
@@ -90,6 +92,7 @@ class SandboxInfo:
             timings=Timings.from_json(data.get("timings")),
             cpu_ms=_opt_float(data.get("cpu_ms")),
             memory_bytes=data.get("memory_bytes"),
+            network=list((data.get("network") or {}).get("allow") or []),
         )
 
 

@@ -62,6 +62,32 @@ class Images:
         return self._client._call(_calls.image_get(ref))
 
 
+class Invocations:
+    """``client.invocations``: the tenant's runs and function calls, newest first."""
+
+    def __init__(self, client: Corral) -> None:
+        self._client = client
+
+    def list(
+        self,
+        *,
+        limit: int | None = None,
+        status: str | None = None,
+        kind: str | None = None,
+        cursor: str | None = None,
+    ) -> dict[str, Any]:
+        """``{"invocations": [...], "next_cursor": ...}``; ``status`` (queued, running,
+        succeeded, failed, errored) and ``kind`` (run, function) filter; pass
+        ``next_cursor`` as ``cursor`` for the next page."""
+        return self._client._call(
+            _calls.invocation_list(limit=limit, status=status, kind=kind, cursor=cursor)
+        )
+
+    def get(self, invocation_id: str) -> dict[str, Any]:
+        """One invocation and its whole result (``NotFound`` if it is not the tenant's)."""
+        return self._client._call(_calls.invocation_get(invocation_id))
+
+
 class Functions:
     """``client.functions``: register, list and invoke the tenant's tool functions."""
 
@@ -124,6 +150,28 @@ class AsyncKeys:
 
     async def revoke(self, tenant_id: str, key_id: str) -> dict[str, Any]:
         return await self._client._call(_calls.key_revoke(tenant_id, key_id))
+
+
+class AsyncInvocations:
+    """``client.invocations`` of ``AsyncCorral``."""
+
+    def __init__(self, client: AsyncCorral) -> None:
+        self._client = client
+
+    async def list(
+        self,
+        *,
+        limit: int | None = None,
+        status: str | None = None,
+        kind: str | None = None,
+        cursor: str | None = None,
+    ) -> dict[str, Any]:
+        return await self._client._call(
+            _calls.invocation_list(limit=limit, status=status, kind=kind, cursor=cursor)
+        )
+
+    async def get(self, invocation_id: str) -> dict[str, Any]:
+        return await self._client._call(_calls.invocation_get(invocation_id))
 
 
 class AsyncImages:

@@ -6,6 +6,7 @@
 * ``functions``  ``run`` and ``functions`` (deploy, list, invoke)
 * ``images``     ``images`` on this machine's store (no server)
 * ``sandbox``    ``sandbox`` (create, exec, cp, ls, pause, resume, rm)
+* ``invocations`` ``invocations`` (ls, get): the tenant's runs and function calls
 
 Server commands build one ``Settings`` from ``CORRAL_*`` variables (flags override them);
 client commands go through the ``corral`` SDK to ``CORRAL_URL`` with ``CORRAL_API_KEY``
@@ -14,10 +15,10 @@ client commands go through the ``corral`` SDK to ``CORRAL_URL`` with ``CORRAL_AP
 
 from __future__ import annotations
 
-from app.cli import admin, functions, images, sandbox, servers
+from app.cli import admin, functions, images, invocations, sandbox, servers
 from app.cli.root import main
 
-for _group in (servers, admin, functions, images, sandbox):
+for _group in (servers, admin, functions, invocations, images, sandbox):
     for _command in _group.COMMANDS:
         main.add_command(_command)
 

@@ -70,6 +70,16 @@ def _pairs_option(ctx: click.Context, param: click.Parameter, items: tuple[str, 
     callback=_pairs_option,
     help="A metadata label (repeatable).",
 )
+@click.option(
+    "--allow",
+    "network",
+    multiple=True,
+    metavar="HOST[:PORT]",
+    callback=lambda ctx, param, items: list(items) if items else None,
+    help="A destination it may reach (repeatable; 0.0.0.0/0 is the internet). "
+    "None given: no network.",
+)
+@click.option("--user", default=None, help="Commands run as [user].")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole record as JSON.")
 @url_option
 @key_option

@@ -49,6 +49,32 @@ def test_create_prints_the_id_or_the_record(server: SandboxServer) -> None:
     assert bad.exit_code == 2 and "KEY=VALUE" in bad.stderr
 
 
+def test_create_passes_the_allow_list_and_the_user(server: SandboxServer) -> None:
+    as_json = sandbox(
+        server,
+        "create",
+        "--backend",
+        "fake",
+        "--json",
+        "--allow",
+        "10.1.2.3:8080",
+        "--allow",
+        "0.0.0.0/0:443",
+    )
+    assert as_json.exit_code == 0, as_json.output
+    record = json.loads(as_json.stdout)
+    assert record["network"] == ["10.1.2.3:8080", "0.0.0.0/0:443"]
+    with Corral(server.url, server.key) as client:
+        assert client.sandboxes.get(record["id"]).info.network == record["network"]
+    offline = json.loads(sandbox(server, "create", "--backend", "fake", "--json").stdout)
+    assert offline["network"] == []
+    bad = sandbox(server, "create", "--backend", "fake", "--allow", "not a host")
+    assert bad.exit_code != 0 and "network entry" in bad.output
+    # the user is passed on as given: one the server refuses says so
+    nobody = sandbox(server, "create", "--backend", "fake", "--user", "x" * 65)
+    assert nobody.exit_code != 0 and "user" in nobody.output
+
+
 def test_exec_streams_and_exits_with_the_commands_code(server: SandboxServer) -> None:
     sandbox_id = created(server, "--env", "GREETING=hi")
     ok = sandbox(server, "exec", sandbox_id, "--", "echo", "hello", "world")
