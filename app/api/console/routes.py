@@ -20,6 +20,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from app.api.console import deletion as tenant_deletion
 from app.api.console import functions as function_pages
 from app.api.console import live as live_updates
 from app.api.console import names, overview
@@ -331,6 +332,15 @@ def _disabling(request: Request) -> Confirm:
     )
 
 
+def _deleting(request: Request) -> Confirm:
+    tenant_id = request.path_params["tenant_id"]
+    return Confirm(
+        f"Delete the tenant {tenant_id}? Its keys are revoked and its sandboxes ended, for good.",
+        "Delete",
+        f"/console/tenants/{tenant_id}",
+    )
+
+
 async def revoke_key(request: Request, user: User) -> Response:
     path = dict(request.path_params)
     try:
@@ -620,6 +630,16 @@ def routes() -> list[BaseRoute]:
             methods=["POST"],
         ),
         Route("/console/tenants/{tenant_id}/keys", page(create_key, admin=True), methods=["POST"]),
+        Route(
+            "/console/tenants/{tenant_id}/delete",
+            page(tenant_deletion.delete_form, admin=True),
+            methods=["GET"],
+        ),
+        Route(
+            "/console/tenants/{tenant_id}/delete",
+            page(tenant_deletion.delete_tenant, admin=True, confirm=_deleting),
+            methods=["POST"],
+        ),
         Route(
             "/console/tenants/{tenant_id}/keys/{key_id}/revoke",
             page(revoke_key, admin=True, confirm=_revoking),

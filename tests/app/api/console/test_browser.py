@@ -157,6 +157,33 @@ def test_an_operator_and_a_tenant_at_work(wide: Any, server_url: str, shots: Pat
     assert asked and asked[0].startswith("Kill the sandbox sbx_")
 
 
+def test_the_operator_deletes_a_tenant_choosing_to_purge(
+    wide: Any, server_url: str, shots: Path
+) -> None:
+    url, page = server_url, wide
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    made = httpx.post(f"{url}/v1/tenants", json={"name": "leaving-team"}, headers=admin).json()
+    tenant_id, key = made["tenant"]["id"], made["key"]["api_key"]
+    headers = {"Authorization": f"Bearer {key}"}
+    ran = httpx.post(f"{url}/v1/run", json={"language": "fake", "code": "{}"}, headers=headers)
+    assert ran.status_code == 200, ran.text
+    sign_in(page, url, ADMIN_KEY)
+    page.goto(f"{url}/console/tenants/{tenant_id}")
+    page.click("#delete-tenant")
+    page.wait_for_url(f"{url}/console/tenants/{tenant_id}/delete")
+    assert page.is_visible("text=Delete, keep its records")
+    page.screenshot(path=shots / "tenant-delete.png", full_page=True)
+    page.click("text=Delete and purge its data")
+    page.wait_for_selector("#deleted")
+    assert "Nothing of its data is left" in page.inner_text("#remaining")
+    page.screenshot(path=shots / "tenant-deleted.png", full_page=True)
+    assert httpx.get(f"{url}/v1/invocations", headers=headers).status_code == 401
+    shown = httpx.get(f"{url}/v1/tenants/{tenant_id}", headers=admin).json()
+    assert shown["deleted_at"] and shown["purged_at"]
+    page.click("text=Back to the tenant")
+    assert "Its data was purged" in page.inner_text("#state")
+
+
 def test_the_overview_updates_live_and_fits_a_phone(
     phone: Any, server_url: str, shots: Path
 ) -> None:
