@@ -22,8 +22,8 @@ from starlette.staticfiles import StaticFiles
 
 from app.api.console import deletion as tenant_deletion
 from app.api.console import functions as function_pages
+from app.api.console import history, names, overview
 from app.api.console import live as live_updates
-from app.api.console import names, overview
 from app.api.console import sandboxes as sandbox_pages
 from app.api.console.actions import perform
 from app.api.console.render import HERE, render, services_of
@@ -212,8 +212,14 @@ def _cookie(response: Response, name: str, value: str, request: Request, *, max_
 
 # --- overview ---------------------------------------------------------------------------------
 async def home(request: Request, user: User) -> Response:
-    live = await overview.snapshot(services_of(request), user.tenant_id)
-    return render(request, user, "overview.html", {"live": live})
+    services = services_of(request)
+    live = await overview.snapshot(services, user.tenant_id)
+    span = history.SPANS.get(request.query_params.get("span", ""), history.SPANS["hour"])
+    async with services.sessions() as session:
+        past = await history.series(
+            session, tenant_id=user.tenant_id, span=span, now=datetime.now(UTC)
+        )
+    return render(request, user, "overview.html", {"live": live, "history": past})
 
 
 async def live(request: Request, user: User) -> Response:

@@ -115,3 +115,45 @@ window.addEventListener("load", () => {
   });
   source.addEventListener("done", () => source.close());
 })();
+
+// The overview's history: executions and errors, and latency, per interval.
+window.addEventListener("load", () => {
+  const data = document.getElementById("history-data");
+  const counts = document.getElementById("executions-chart");
+  const latency = document.getElementById("latency-chart");
+  if (!data || !counts || !latency || !window.Chart) return;
+  const past = JSON.parse(data.textContent);
+  const options = (stacked) => ({
+    responsive: true,
+    maintainAspectRatio: false,
+    animation: false,
+    spanGaps: false,
+    scales: { x: { stacked, ticks: { maxTicksLimit: 12 } }, y: { stacked, beginAtZero: true } },
+  });
+  const ok = past.executions.map((n, i) => n - past.errored[i] - past.failed[i]);
+  new window.Chart(counts, {
+    type: "bar",
+    data: {
+      labels: past.labels,
+      datasets: [
+        { label: "succeeded or open", data: ok, backgroundColor: "#1d5fbf" },
+        { label: "failed (the code)", data: past.failed, backgroundColor: "#f79009" },
+        { label: "errored (the platform)", data: past.errored, backgroundColor: "#b42318" },
+      ],
+    },
+    options: options(true),
+  });
+  new window.Chart(latency, {
+    type: "line",
+    data: {
+      labels: past.labels,
+      datasets: [
+        { label: "p50", data: past.p50_ms, borderColor: "#1d5fbf", pointRadius: 2 },
+        { label: "p99", data: past.p99_ms, borderColor: "#b42318", pointRadius: 2 },
+      ],
+    },
+    options: options(false),
+  });
+  counts.dataset.drawn = "true";
+  latency.dataset.drawn = "true";
+});

@@ -184,6 +184,29 @@ def test_the_operator_deletes_a_tenant_choosing_to_purge(
     assert "Its data was purged" in page.inner_text("#state")
 
 
+def test_the_overview_charts_the_last_hour_and_day(wide: Any, server_url: str, shots: Path) -> None:
+    url, page = server_url, wide
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    made = httpx.post(f"{url}/v1/tenants", json={"name": "busy-team"}, headers=admin).json()
+    headers = {"Authorization": f"Bearer {made['key']['api_key']}"}
+    for program in ({}, {}, {"exit": 3}):
+        body = {"language": "fake", "code": json.dumps(program)}
+        assert httpx.post(f"{url}/v1/run", json=body, headers=headers).status_code == 200
+    sign_in(page, url, ADMIN_KEY)
+    for span in ("hour", "day"):
+        page.goto(f"{url}/console?span={span}")
+        page.wait_for_selector("#executions-chart[data-drawn=true]")
+        page.wait_for_selector("#latency-chart[data-drawn=true]")
+        drawn = page.evaluate(
+            "Chart.getChart('executions-chart').data.datasets"
+            ".map((d) => d.data.reduce((a, b) => a + b, 0))"
+        )
+        assert drawn == [2, 1, 0], (span, drawn)  # succeeded, failed (exit 3), errored
+        p50 = page.evaluate("Chart.getChart('latency-chart').data.datasets[0].data")
+        assert any(v is not None for v in p50)
+    page.screenshot(path=shots / "overview-day.png", full_page=True)
+
+
 def test_the_overview_updates_live_and_fits_a_phone(
     phone: Any, server_url: str, shots: Path
 ) -> None:
