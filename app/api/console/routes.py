@@ -12,7 +12,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import urlencode
 
 from pydantic import ValidationError
 from starlette.requests import Request
@@ -22,10 +21,11 @@ from starlette.staticfiles import StaticFiles
 
 from app.api.console import deletion as tenant_deletion
 from app.api.console import functions as function_pages
-from app.api.console import history, names, overview
+from app.api.console import history, lists, names, overview
 from app.api.console import live as live_updates
 from app.api.console import sandboxes as sandbox_pages
 from app.api.console.actions import perform
+from app.api.console.pages import pages
 from app.api.console.render import HERE, render, services_of
 from app.api.console.sessions import COOKIE, LIFETIME, ConsoleSessions, User
 from app.api.v1 import keys as key_routes
@@ -34,9 +34,8 @@ from app.api.v1 import tenants as tenant_routes
 from app.api.v1.present import invocation_out
 from app.db import invocations as repo
 from app.db import tenants as tenant_repo
-from app.db.cursors import decode_cursor, encode_cursor
 from app.db.invocations import FINAL
-from app.errors import CorralError, NotFound, ValidationFailed
+from app.errors import CorralError, NotFound
 from app.functions.languages import MAX_CODE_BYTES
 from app.invocations import projection
 from app.schemas.usage import UsageQuery
@@ -413,7 +412,7 @@ async def run_code(request: Request, user: User) -> Response:
     return _back(f"/console/invocations/{answer['invocation_id']}")
 
 
-FILTERS = ("status", "language", "kind", "function", "before")
+FILTERS = ("status", "language", "kind", "function", "since", "before")
 
 
 async def invocations_page(request: Request, user: User) -> Response:
@@ -422,41 +421,20 @@ async def invocations_page(request: Request, user: User) -> Response:
     if user.is_admin:
         filters["tenant"] = q.get("tenant", "")
     error = None
-    before = None
-    try:
-        if filters["before"]:
-            before = datetime.fromisoformat(filters["before"])
-            before = before if before.tzinfo else before.replace(tzinfo=UTC)
-        after_row = decode_cursor(q["cursor"]) if q.get("cursor") else None
-    except (ValueError, ValidationFailed):
-        error, after_row = "a filter or the page is not valid", None
     async with services_of(request).sessions() as session:
-        tenant_id = user.tenant_id
-        if filters.get("tenant"):
-            tenant_id = await names.tenant_id(session, filters["tenant"])
-        rows = (
-            []
-            if tenant_id is None and filters.get("tenant")
-            else await repo.list_for_tenant(
-                session,
-                tenant_id=tenant_id,
-                limit=PAGE,
-                status=filters["status"] or None,
-                kind=filters["kind"] or None,
-                language=filters["language"] or None,
-                function_version_id=filters["function"] or None,
-                before=before,
-                after_row=after_row,
-            )
+        listed, refused = await lists.safely(
+            "invocations",
+            session,
+            tenant_id=user.tenant_id,
+            filters=filters,
+            sort=q.get("sort"),
+            cursor=q.get("cursor"),
         )
+        error = refused or error
+        rows = listed.rows
         tenant_names = await names.tenants(session, (r.tenant_id for r in rows))
         functions = await names.function_versions(session, (r.function_version_id for r in rows))
-    if filters.get("tenant") and tenant_id is None:
-        error = f"no tenant named {filters['tenant']!r}"
-    older = None
-    if len(rows) == PAGE:
-        kept = {k: v for k, v in filters.items() if v}
-        older = "/console/invocations?" + urlencode({**kept, "cursor": encode_cursor(rows[-1])})
+    base = "/console/invocations"
     return render(
         request,
         user,
@@ -464,10 +442,10 @@ async def invocations_page(request: Request, user: User) -> Response:
         {
             "rows": rows,
             "filters": filters,
-            "older": older,
             "error": error,
             "tenant_names": tenant_names,
             "functions": functions,
+            **pages(base, listed, lists.INVOCATION_ORDERS, q.get("cursor")),
         },
     )
 

@@ -207,6 +207,32 @@ def test_the_overview_charts_the_last_hour_and_day(wide: Any, server_url: str, s
     page.screenshot(path=shots / "overview-day.png", full_page=True)
 
 
+def test_a_list_sorts_by_the_header_clicked(wide: Any, server_url: str) -> None:
+    url, page = server_url, wide
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    for name in ("zz-last", "aa-first"):
+        made = httpx.post(f"{url}/v1/tenants", json={"name": name}, headers=admin).json()
+        body = {"language": "fake", "code": "{}"}
+        headers = {"Authorization": f"Bearer {made['key']['api_key']}"}
+        assert httpx.post(f"{url}/v1/run", json=body, headers=headers).status_code == 200
+    sign_in(page, url, ADMIN_KEY)
+    page.goto(f"{url}/console/invocations")
+    tenants = "#invocations tbody td.name[title^=ten_]"
+    assert page.locator(tenants).all_inner_texts() == ["aa-first", "zz-last"]  # newest first
+    page.click("#invocations th a:has-text('tenant')")
+    page.wait_for_url(re.compile(r".*sort=tenant.*"))
+    assert page.locator(tenants).all_inner_texts() == ["aa-first", "zz-last"]
+    assert "▲" in page.inner_text("#invocations thead")
+    page.click("#invocations th a:has-text('tenant')")
+    page.wait_for_url(re.compile(r".*sort=-tenant.*"))
+    assert page.locator(tenants).all_inner_texts() == ["zz-last", "aa-first"]
+    page.fill("input[name=tenant]", "zz-last")
+    page.click("button:has-text('Filter')")
+    page.wait_for_url(re.compile(r".*tenant=zz-last.*"))
+    assert page.locator(tenants).all_inner_texts() == ["zz-last"]
+    assert "sort=-tenant" in page.url  # the filter keeps the order
+
+
 def test_the_overview_updates_live_and_fits_a_phone(
     phone: Any, server_url: str, shots: Path
 ) -> None:
