@@ -99,12 +99,18 @@ def page(
         user = await _sessions(request).resolve(request.cookies.get(COOKIE))
         if user is None:
             return RedirectResponse(f"/console/login?next={request.url.path}", status_code=303)
-        if request.method == "POST":
-            # parsed once here, bounded; handlers read the same form
-            form = await request.form(
-                max_files=FORM_MAX_FILES, max_fields=FORM_MAX_FIELDS, max_part_size=FORM_MAX_PART
-            )
-            sent = str(form.get("csrf", "")) or request.headers.get("x-csrf-token", "")
+        if request.method not in ("GET", "HEAD"):
+            sent = request.headers.get("x-csrf-token", "")
+            if request.method == "POST":
+                # parsed once here, bounded; handlers read the same form
+                form = await request.form(
+                    max_files=FORM_MAX_FILES,
+                    max_fields=FORM_MAX_FIELDS,
+                    max_part_size=FORM_MAX_PART,
+                )
+                sent = str(form.get("csrf", "")) or sent
+            # any other method (an upload's PUT) carries it in its header: its body is
+            # the file, streamed to the handler unread
             if not hmac.compare_digest(sent.encode(), user.csrf.encode()):
                 return render(
                     request,
@@ -655,6 +661,16 @@ def routes() -> list[BaseRoute]:
         Route("/console/sandboxes", page(sandbox_pages.create), methods=["POST"]),
         Route("/console/sandboxes/{sandbox_id}", page(sandbox_pages.detail), methods=["GET"]),
         Route("/console/sandboxes/{sandbox_id}/live", page(sandbox_pages.live), methods=["GET"]),
+        Route(
+            "/console/sandboxes/{sandbox_id}/files",
+            page(sandbox_pages.upload),
+            methods=["PUT"],
+        ),
+        Route(
+            "/console/sandboxes/{sandbox_id}/files/download",
+            page(sandbox_pages.download),
+            methods=["GET"],
+        ),
         Route(
             "/console/sandboxes/{sandbox_id}/exec",
             page(sandbox_pages.run_command),

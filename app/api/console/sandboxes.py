@@ -6,10 +6,14 @@ tenant's)."""
 from __future__ import annotations
 
 import shlex
+from pathlib import PurePosixPath
 from typing import Any
+from urllib.parse import quote
 
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from app.api.console import lists, names
 from app.api.console import live as live_updates
@@ -18,12 +22,14 @@ from app.api.console.pages import pages
 from app.api.console.render import render, services_of
 from app.api.console.sessions import User
 from app.api.v1 import sandboxes as api
-from app.db.models import Sandbox
+from app.db.models import Sandbox, UsageEvent
 from app.errors import CorralError, NotFound
 
 PAGE = 50
 #: how often a sandbox's page hears of it
 LIVE_EVERY_S = 2.0
+#: metered intervals shown on a sandbox's page at most
+METERED = 240
 STATES = ("live", "running", "paused", "creating", "stopping", "stopped", "any")
 
 
@@ -131,9 +137,89 @@ async def detail(request: Request, user: User, **context: Any) -> Response:
                     context.setdefault("files_error", exc.message)
     except NotFound as exc:
         return render(request, user, "error.html", {"message": exc.message}, 404)
+    async with services_of(request).sessions() as session:
+        metered = await metered_cpu(session, sandbox_id)
+    parent = str(PurePosixPath(path).parent) if path not in ("/", "") else None
     return render(
-        request, user, "sandbox.html", {"sandbox": sandbox, "files": files, "path": path, **context}
+        request,
+        user,
+        "sandbox.html",
+        {
+            "sandbox": sandbox,
+            "files": files,
+            "path": path,
+            "parent": parent,
+            "metered": metered,
+            **context,
+        },
     )
+
+
+async def metered_cpu(session: AsyncSession, sandbox_id: str) -> list[dict[str, Any]]:
+    """The CPU the sandbox used in each interval its usage was metered for (about one a
+    ``sandbox_meter_seconds``, from its usage events: what is stored of its CPU over
+    time), as cores on average; the newest ``METERED`` intervals, oldest first."""
+    events = (
+        await session.execute(
+            select(UsageEvent.occurred_at, UsageEvent.instance_seconds, UsageEvent.cpu_ms)
+            .where(
+                UsageEvent.subject == "sandbox",
+                UsageEvent.subject_id >= f"{sandbox_id}@",
+                UsageEvent.subject_id < f"{sandbox_id}A",  # the ids of this one's intervals
+            )
+            .order_by(UsageEvent.occurred_at.desc())
+            .limit(METERED)
+        )
+    ).all()
+    return [
+        {
+            "end": end.strftime("%H:%M:%S"),
+            "seconds": round(seconds, 1),
+            "cores": round(cpu_ms / 1000 / seconds, 3) if seconds else 0.0,
+        }
+        for end, seconds, cpu_ms in reversed(events)
+    ]
+
+
+async def download(request: Request, user: User) -> Response:
+    """A file of the sandbox, streamed from its node to the browser as it is read
+    (``GET /v1/sandboxes/{id}/files``, as the signed-in tenant), saved under its name."""
+    sandbox_id = request.path_params["sandbox_id"]
+    path = request.query_params.get("path", "")
+    try:
+        answer: Response = await perform(
+            api.read_file,
+            request,
+            user,
+            path={"sandbox_id": sandbox_id},
+            query={"path": path},
+            raw=True,
+        )
+    except CorralError as exc:
+        return render(request, user, "error.html", {"message": exc.message}, exc.status)
+    name = PurePosixPath(path).name or "download"
+    answer.headers["content-disposition"] = f"attachment; filename*=UTF-8''{quote(name)}"
+    return answer
+
+
+async def upload(request: Request, user: User) -> Response:
+    """A file put into the sandbox: the request's body, streamed to the node as it
+    arrives (``PUT /v1/sandboxes/{id}/files``, as the signed-in tenant, within
+    ``max_file_bytes``); the CSRF token comes in ``X-CSRF-Token``, the body being the
+    file. The entry written, as JSON, or the API's error."""
+    try:
+        written = await perform(
+            api.write_file,
+            request,
+            user,
+            path={"sandbox_id": request.path_params["sandbox_id"]},
+            query={"path": request.query_params.get("path", "")},
+        )
+    except CorralError as exc:
+        return JSONResponse(
+            {"error": {"code": exc.code, "message": exc.message}}, status_code=exc.status
+        )
+    return JSONResponse(written)
 
 
 async def live(request: Request, user: User) -> Response:

@@ -233,6 +233,48 @@ def test_a_list_sorts_by_the_header_clicked(wide: Any, server_url: str) -> None:
     assert "sort=-tenant" in page.url  # the filter keeps the order
 
 
+def test_a_tenant_uploads_a_file_into_a_sandbox_and_downloads_it(
+    wide: Any, server_url: str, shots: Path, tmp_path: Path
+) -> None:
+    url, page = server_url, wide
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    made = httpx.post(f"{url}/v1/tenants", json={"name": "files-team"}, headers=admin).json()
+    key = made["key"]["api_key"]
+    headers = {"Authorization": f"Bearer {key}"}
+    body = {"image": "python", "backend": "fake"}
+    created = httpx.post(f"{url}/v1/sandboxes", json=body, headers=headers)
+    assert created.status_code == 201, created.text
+    sandbox_id = created.json()["id"]
+    data = os.urandom(3 * 1024 * 1024) + "é\n".encode()
+    sign_in(page, url, key)
+    page.goto(f"{url}/console/sandboxes/{sandbox_id}")
+    page.set_input_files(
+        "#upload input[type=file]",
+        files=[{"name": "notes.bin", "mimeType": "application/octet-stream", "buffer": data}],
+    )
+    page.click("#upload button")
+    page.wait_for_selector("#files a.download")
+    assert "notes.bin" in page.inner_text("#files")
+    with page.expect_download() as waiting:
+        page.click("#files a.download")
+    download = waiting.value
+    assert download.suggested_filename == "notes.bin"
+    saved = tmp_path / "notes.bin"
+    download.save_as(saved)
+    assert saved.read_bytes() == data
+    stored = httpx.get(
+        f"{url}/v1/sandboxes/{sandbox_id}/files",
+        params={"path": "/home/user/notes.bin"},
+        headers=headers,
+    )
+    assert stored.content == data
+    # its CPU and memory, sampled while the page is open, drawn as they come
+    page.wait_for_selector("#sandbox-chart[data-samples='2']", timeout=15_000)
+    memory = page.evaluate("Chart.getChart('sandbox-chart').data.datasets[1].data")
+    assert all(isinstance(v, int | float) and v > 0 for v in memory), memory
+    page.screenshot(path=shots / "sandbox-files.png", full_page=True)
+
+
 def test_the_overview_updates_live_and_fits_a_phone(
     phone: Any, server_url: str, shots: Path
 ) -> None:
