@@ -275,6 +275,55 @@ def test_a_tenant_uploads_a_file_into_a_sandbox_and_downloads_it(
     page.screenshot(path=shots / "sandbox-files.png", full_page=True)
 
 
+LONG = "a-team-with-a-very-long-name-" + "x" * 90  # 119 characters, within the 128 allowed
+SIZES = {"1366": {"width": 1366, "height": 768}, "390": NARROW}
+
+
+@pytest.mark.parametrize("size", sorted(SIZES))
+def test_long_names_and_wide_tables_fit_the_screen(
+    browser: Any, server_url: str, shots: Path, size: str
+) -> None:
+    """At 1366 px and on a phone no page scrolls sideways: a wide table scrolls in its
+    card, a long name or id is cut with its whole in a tooltip."""
+    url, viewport = server_url, SIZES[size]
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    made = httpx.post(f"{url}/v1/tenants", json={"name": LONG}, headers=admin).json()
+    tenant_id, key = made["tenant"]["id"], made["key"]["api_key"]
+    headers = {"Authorization": f"Bearer {key}"}
+    labels = {"experiment": "a-rather-long-label-value-" + "y" * 60, "episode": "17"}
+    body = {"image": "python", "backend": "fake", "metadata": labels}
+    created = httpx.post(f"{url}/v1/sandboxes", json=body, headers=headers)
+    assert created.status_code == 201, created.text
+    sandbox_id = created.json()["id"]
+    ran = {"language": "fake", "code": json.dumps({"stdout": "w" * 300})}
+    assert httpx.post(f"{url}/v1/run", json=ran, headers=headers).status_code == 200
+
+    pages = {
+        "overview": (ADMIN_KEY, "/console"),
+        "sandboxes": (ADMIN_KEY, "/console/sandboxes"),
+        "tenant": (ADMIN_KEY, f"/console/tenants/{tenant_id}"),
+        "invocations": (ADMIN_KEY, "/console/invocations"),
+        "sandbox": (key, f"/console/sandboxes/{sandbox_id}"),
+    }
+    for who in (ADMIN_KEY, key):
+        context = browser.new_context(viewport=viewport)
+        try:
+            page = context.new_page()
+            sign_in(page, url, who)
+            for name, (whose, path) in pages.items():
+                if whose != who:
+                    continue
+                page.goto(f"{url}{path}")
+                width = page.evaluate("document.documentElement.scrollWidth")
+                assert width <= viewport["width"], f"{name} scrolls sideways at {size} px"
+                for cell in page.locator("td.name, td.id").all():
+                    if cell.inner_text().strip():
+                        assert cell.get_attribute("title"), f"{name}: a cut cell without its whole"
+                page.screenshot(path=shots / f"{name}-{size}.png", full_page=True)
+        finally:
+            context.close()
+
+
 def test_the_overview_updates_live_and_fits_a_phone(
     phone: Any, server_url: str, shots: Path
 ) -> None:
