@@ -21,7 +21,8 @@ invocation is deleted only when final, as the retention pass does (an open one i
 recorder's and the reconciler's: the tenant being disabled, it ends and the next purge
 takes it); snapshots go through ``app.sandboxes.snapshots``. What a purge could not remove
 yet (an open invocation, a sandbox still stopping, a snapshot whose node is out of reach)
-is counted in ``remaining``; asking again removes it. Each step is idempotent, so a
+is counted in ``remaining``, as is what one call leaves of a large tenant's invocations
+(``MAX_BATCHES`` of ``BATCH`` at most); asking again removes it. Each step is idempotent, so a
 deletion cut at any point (a gateway that died, a node out of reach) is finished by
 asking again; ``purged_at`` is set when a purge leaves nothing.
 """
@@ -60,6 +61,9 @@ log = logging.getLogger(__name__)
 
 #: rows deleted per statement (and transaction), as the retention pass
 BATCH = 1000
+#: invocation batches one call deletes at most: a large tenant's purge is finished by
+#: asking again (``remaining``), never by one request that runs for minutes
+MAX_BATCHES = 20
 
 
 @dataclass
@@ -165,7 +169,7 @@ async def _delete_snapshots(services: Services, tenant_id: str) -> int:
 async def _purge_rows(sessions: async_sessionmaker[AsyncSession], tenant_id: str) -> dict[str, int]:
     """Delete the tenant's rows that nothing writes any more; how many of each."""
     purged = {"invocations": 0, "blobs": 0}
-    while True:
+    for _ in range(MAX_BATCHES):
         async with sessions.begin() as session:
             doomed = (
                 await session.scalars(

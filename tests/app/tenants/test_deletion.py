@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import func, select
 from starlette.testclient import TestClient
 
@@ -25,6 +26,7 @@ from app.db.models import (
     UsageEvent,
 )
 from app.services import Services
+from app.tenants import deletion
 from tests.app.api.v1.test_sandboxes import create
 from tests.conftest import ADMIN
 
@@ -222,3 +224,20 @@ def test_only_the_operator_deletes_and_an_unknown_tenant_is_404(
     bad = client.delete(f"/v1/tenants/{tenant['id']}?purge=maybe", headers=ADMIN)
     assert bad.status_code == 422
     assert client.get("/v1/sandboxes", headers=tenant["headers"]).status_code == 200
+
+
+def test_a_large_purge_is_finished_by_asking_again(
+    sandbox_client: TestClient, tenant: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(deletion, "BATCH", 2)
+    monkeypatch.setattr(deletion, "MAX_BATCHES", 1)
+    client = sandbox_client
+    for _ in range(3):
+        body = {"language": "fake", "code": "{}"}
+        assert client.post("/v1/run", json=body, headers=tenant["headers"]).status_code == 200
+    first = client.delete(f"/v1/tenants/{tenant['id']}?purge=true", headers=ADMIN).json()
+    assert first["purged"]["invocations"] == 2 and first["remaining"]["invocations"] == 1
+    assert first["tenant"]["purged_at"] is None
+    second = client.delete(f"/v1/tenants/{tenant['id']}?purge=true", headers=ADMIN).json()
+    assert second["purged"]["invocations"] == 1 and second["remaining"]["invocations"] == 0
+    assert second["tenant"]["purged_at"]
