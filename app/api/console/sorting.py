@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
 
-from sqlalchemy import Select, and_, or_
+from sqlalchemy import DateTime, Select, and_, or_
 
 from app.errors import ValidationFailed
 
@@ -55,6 +55,8 @@ def apply(
     the sort key is selected last (``key_of``)."""
     if cursor:
         value, last_id = decode(cursor)
+        if not isinstance(value, _kind(order.key)):  # made for another order
+            raise ValidationFailed("the page's cursor is not one of this order")
         if order.descending:
             query = query.where(or_(order.key < value, and_(order.key == value, row_id < last_id)))
         else:
@@ -64,6 +66,14 @@ def apply(
     else:
         query = query.order_by(order.key.asc(), row_id.asc())
     return query.add_columns(order.key.label("sort_key")).limit(limit)
+
+
+def _kind(key: Sortable) -> type:
+    """What a key's values are: times, or text (every sortable column is one or the
+    other)."""
+    column_type = key.type
+    impl = getattr(column_type, "impl", column_type)  # a TypeDecorator's own type
+    return datetime if isinstance(impl, DateTime) else str
 
 
 def encode(value: Any, row_id: str) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from app.api.console import lists
+from app.api.console import lists, sorting
 from tests.app.api.console.test_console import sign_in
 from tests.app.api.v1.test_sandboxes import create, sandbox_client, sandbox_settings
 from tests.conftest import ADMIN, ADMIN_KEY
@@ -134,6 +134,14 @@ def test_invocations_by_status_function_time_and_tenant(
     assert "is not a time" in refused.text and not INVOCATION_ROW.findall(refused.text)
     forged = client.get("/console/invocations?cursor=not-a-cursor")
     assert forged.status_code == 200 and "cursor" in forged.text
+    # a cursor of one order given to another (a time to a text column, a number to a time)
+    timed = NEXT.search(client.get("/console/invocations").text)
+    assert timed is not None
+    cursor = timed.group(1).split("cursor=")[1]
+    crossed = client.get(f"/console/invocations?sort=status&cursor={cursor}")
+    assert crossed.status_code == 200 and "cursor" in crossed.text
+    numbered = sorting.encode(7, "inv_x")
+    assert "cursor" in client.get(f"/console/invocations?cursor={numbered}").text
     # a column that is not on the list is not sorted by
     odd = walk(client, "/console/invocations?sort=secret_hash", INVOCATION_ROW)
     assert odd == walk(client, "/console/invocations", INVOCATION_ROW)
