@@ -65,6 +65,10 @@ class Base(DeclarativeBase):
 
 
 class Tenant(Base):
+    """A tenant. ``deleted_at``: the operator deleted it (disabled for good, its keys
+    revoked, its sandboxes ended); ``purged_at``: its content was removed too, nothing
+    being left to remove (``app.tenants.deletion``)."""
+
     __tablename__ = "tenants"
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
@@ -72,6 +76,8 @@ class Tenant(Base):
     disabled: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    deleted_at: Mapped[datetime | None] = mapped_column(default=None)
+    purged_at: Mapped[datetime | None] = mapped_column(default=None)
 
     quota: Mapped[Quota] = relationship(back_populates="tenant", lazy="joined")
 

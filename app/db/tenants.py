@@ -59,6 +59,8 @@ async def update_tenant(
     tenant = await get_tenant(session, tenant_id=tenant_id)
     if name is not None:
         tenant.name = name
+    if disabled is False and tenant.deleted_at is not None:
+        raise Conflict(f"tenant {tenant_id!r} is deleted: it cannot be enabled")
     if disabled is not None:
         tenant.disabled = disabled
     if quota:
@@ -73,7 +75,9 @@ async def update_tenant(
 async def create_key(
     session: AsyncSession, *, tenant_id: str, name: str = ""
 ) -> tuple[ApiKey, str]:
-    await get_tenant(session, tenant_id=tenant_id)
+    tenant = await get_tenant(session, tenant_id=tenant_id)
+    if tenant.deleted_at is not None:
+        raise Conflict(f"tenant {tenant_id!r} is deleted: it cannot be given a key")
     new = keys.generate(new_id("key"))
     row = ApiKey(id=new.key_id, tenant_id=tenant_id, name=name, secret_hash=new.secret_hash)
     session.add(row)

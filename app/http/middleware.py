@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 UPLOADS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("PUT", re.compile(r"/v1/sandboxes/[^/]+/files")),  # Corral's write
     ("POST", re.compile(r"/files")),  # E2B envd's upload
+    ("PUT", re.compile(r"/console/sandboxes/[^/]+/files")),  # the console's, the same write
 )
 
 

@@ -42,7 +42,8 @@ class Filters:
     metadata: Mapping[str, str] = field(default_factory=dict)
 
 
-def _meta_is(key: str, value: str, dialect: str) -> ColumnElement[bool]:
+def meta_is(key: str, value: str, dialect: str) -> ColumnElement[bool]:
+    """The sandbox's metadata holds ``key`` with ``value``."""
     if dialect == "sqlite":
         entries = func.json_each(Sandbox.meta).table_valued("key", "value").alias("meta_entry")
         return exists(
@@ -71,7 +72,7 @@ def query(
     if filters.image is not None:
         stmt = stmt.where(Sandbox.image == filters.image)
     for key, value in sorted(filters.metadata.items()):
-        stmt = stmt.where(_meta_is(key, value, dialect))
+        stmt = stmt.where(meta_is(key, value, dialect))
     if after is not None:
         stmt = stmt.where(older_than(Sandbox.created_at, Sandbox.id, after))
     return stmt.order_by(Sandbox.created_at.desc(), Sandbox.id.desc()).limit(limit)

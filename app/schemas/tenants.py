@@ -36,6 +36,12 @@ class TenantOut(BaseModel):
     name: str
     disabled: bool
     created_at: datetime
+    deleted_at: datetime | None = Field(
+        default=None, description="deleted by the operator: disabled for good, keys revoked"
+    )
+    purged_at: datetime | None = Field(
+        default=None, description="its content removed too, nothing being left to remove"
+    )
     quota: QuotaLimits
     throttled: dict[str, int] = Field(
         default_factory=dict,
@@ -49,6 +55,30 @@ class TenantOut(BaseModel):
 class TenantList(BaseModel):
     tenants: list[TenantOut]
     next_after: str | None = None
+
+
+class TenantDelete(Strict):
+    purge: bool = Field(
+        False,
+        description="false (keep): the tenant is disabled for good, its keys revoked and its "
+        "live sandboxes ended; its records stay, for the bill. true (purge): its final "
+        "invocations with their outputs, functions, snapshots, stopped sandboxes' records "
+        "and console sessions are removed as well; the tenant's row, revoked keys and usage "
+        "stay. Safe to ask again: a purge removes what it had to leave the last time.",
+    )
+
+
+class TenantDeleted(BaseModel):
+    tenant: TenantOut
+    sandboxes_ended: int = Field(description="live sandboxes this call destroyed")
+    purged: dict[str, int] = Field(
+        default_factory=dict, description="rows this call removed, by kind (a purge)"
+    )
+    remaining: dict[str, int] = Field(
+        default_factory=dict,
+        description="what a purge could not remove yet (open invocations, sandboxes not yet "
+        "stopped and metered, snapshots a node kept): ask again to remove it",
+    )
 
 
 class KeyCreate(Strict):

@@ -33,10 +33,13 @@ async def perform(
     path: dict[str, str] | None = None,
     body: Any = NO_BODY,
     query: dict[str, str] | None = None,
+    raw: bool = False,
 ) -> Any:
     """Run ``endpoint``'s handler as ``user`` with ``path`` and ``body`` (any JSON value
-    for a root-model body: a function's input); its result as JSON values. Raises the
-    API's errors (``CorralError``), which the page shows."""
+    for a root-model body: a function's input); its result as JSON values (``raw``: as
+    the handler returned it, a streamed file's answer). Raises the API's errors
+    (``CorralError``), which the page shows. The request's body is the handler's to read
+    (an upload streams through)."""
     if endpoint.auth == "admin" and not user.is_admin:
         raise AdminRequired()
     if endpoint.auth in ("tenant", "tenant_or_default") and isinstance(user.principal, Admin):
@@ -52,6 +55,8 @@ async def perform(
     if endpoint.body is not None:
         call.body = validate(endpoint.body, {} if body is NO_BODY else body, where="body")
     result = await endpoint.handler(call)
+    if raw:
+        return result
     if isinstance(result, BaseModel):
         return result.model_dump(mode="json")
     if isinstance(result, Response):  # an endpoint that sets its own status (201, 202)

@@ -14,7 +14,9 @@ from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from app.api.console import lists, names
 from app.api.console.actions import perform
+from app.api.console.pages import pages
 from app.api.console.render import render, services_of
 from app.api.console.sessions import User
 from app.api.v1 import functions as api
@@ -29,37 +31,46 @@ LANGUAGES = ("python", "nodejs", "wasm-python", "wasm-javascript", "wasm")
 FORM_FIELDS = ("name", "language", "entry_point", "code", "input_schema", "timeout_s", "memory_mb")
 
 
-def _page_number(request: Request) -> int:
-    try:
-        return max(0, int(request.query_params.get("page", "0")))
-    except ValueError:
-        return 0
+FILTERS = ("name", "language")
 
 
 async def list_page(request: Request, user: User, **context: Any) -> Response:
-    number = _page_number(request)
+    """The user's live functions (the operator: everyone's), filtered and sorted
+    (``app.api.console.lists``)."""
+    q = request.query_params
+    filters = {k: q.get(k, "") for k in FILTERS}
     if user.is_admin:
-        async with services_of(request).sessions() as session:
-            rows = await repo.list_for_tenant(session, tenant_id=None)
-        functions = [
-            {**function_out(fn).model_dump(mode="json"), "tenant_id": fn.tenant_id} for fn in rows
-        ]
-    else:
-        try:
-            functions = (await perform(api.list_functions, request, user))["functions"]
-        except CorralError as exc:
-            return render(request, user, "error.html", {"message": exc.message}, exc.status)
-    shown = functions[number * PAGE : (number + 1) * PAGE]
-    more = len(functions) > (number + 1) * PAGE
+        filters["tenant"] = q.get("tenant", "")
+    error = context.pop("error", None)
+    async with services_of(request).sessions() as session:
+        listed, refused = await lists.safely(
+            "functions",
+            session,
+            tenant_id=user.tenant_id,
+            filters=filters,
+            sort=q.get("sort"),
+            cursor=q.get("cursor"),
+        )
+        error = refused or error
+        tenant_names = await names.tenants(session, (fn.tenant_id for fn in listed.rows))
+    functions = [
+        {
+            **function_out(fn).model_dump(mode="json"),
+            "tenant_id": fn.tenant_id,
+            "tenant_name": tenant_names.get(fn.tenant_id, ""),
+        }
+        for fn in listed.rows
+    ]
     return render(
         request,
         user,
         "functions.html",
         {
-            "functions": shown,
+            "functions": functions,
             "languages": LANGUAGES,
-            "newer": f"/console/functions?page={number - 1}" if number else None,
-            "older": f"/console/functions?page={number + 1}" if more else None,
+            "filters": filters,
+            "error": error,
+            **pages("/console/functions", listed, lists.FUNCTION_ORDERS, q.get("cursor")),
             **context,
         },
     )

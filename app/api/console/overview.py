@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
+from app.api.console.history import rank
 from app.db.models import Invocation, utcnow
 
 if TYPE_CHECKING:
@@ -66,14 +67,6 @@ async def snapshot(services: Services, tenant_id: str | None) -> dict[str, Any]:
         "running": sum(1 for r in rows if r.status in ("queued", "running")),
         "errors": sum(1 for r in rows if r.status == "errored"),
         "failed": sum(1 for r in rows if r.status == "failed"),
-        "p50_ms": _rank(latencies, 0.50),
-        "p99_ms": _rank(latencies, 0.99),
+        "p50_ms": rank(latencies, 0.50),
+        "p99_ms": rank(latencies, 0.99),
     }
-
-
-def _rank(ordered: list[float], q: float) -> float | None:
-    """Nearest-rank percentile."""
-    if not ordered:
-        return None
-    index = max(0, min(len(ordered) - 1, int(-(-q * len(ordered) // 1)) - 1))
-    return round(ordered[index], 1)

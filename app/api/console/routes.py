@@ -12,7 +12,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import urlencode
 
 from pydantic import ValidationError
 from starlette.requests import Request
@@ -20,11 +19,13 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from app.api.console import deletion as tenant_deletion
 from app.api.console import functions as function_pages
+from app.api.console import history, lists, names, overview
 from app.api.console import live as live_updates
-from app.api.console import names, overview
 from app.api.console import sandboxes as sandbox_pages
 from app.api.console.actions import perform
+from app.api.console.pages import pages
 from app.api.console.render import HERE, render, services_of
 from app.api.console.sessions import COOKIE, LIFETIME, ConsoleSessions, User
 from app.api.v1 import keys as key_routes
@@ -33,9 +34,8 @@ from app.api.v1 import tenants as tenant_routes
 from app.api.v1.present import invocation_out
 from app.db import invocations as repo
 from app.db import tenants as tenant_repo
-from app.db.cursors import decode_cursor, encode_cursor
 from app.db.invocations import FINAL
-from app.errors import CorralError, NotFound, ValidationFailed
+from app.errors import CorralError, NotFound
 from app.functions.languages import MAX_CODE_BYTES
 from app.invocations import projection
 from app.schemas.usage import UsageQuery
@@ -99,12 +99,18 @@ def page(
         user = await _sessions(request).resolve(request.cookies.get(COOKIE))
         if user is None:
             return RedirectResponse(f"/console/login?next={request.url.path}", status_code=303)
-        if request.method == "POST":
-            # parsed once here, bounded; handlers read the same form
-            form = await request.form(
-                max_files=FORM_MAX_FILES, max_fields=FORM_MAX_FIELDS, max_part_size=FORM_MAX_PART
-            )
-            sent = str(form.get("csrf", "")) or request.headers.get("x-csrf-token", "")
+        if request.method not in ("GET", "HEAD"):
+            sent = request.headers.get("x-csrf-token", "")
+            if request.method == "POST":
+                # parsed once here, bounded; handlers read the same form
+                form = await request.form(
+                    max_files=FORM_MAX_FILES,
+                    max_fields=FORM_MAX_FIELDS,
+                    max_part_size=FORM_MAX_PART,
+                )
+                sent = str(form.get("csrf", "")) or sent
+            # any other method (an upload's PUT) carries it in its header: its body is
+            # the file, streamed to the handler unread
             if not hmac.compare_digest(sent.encode(), user.csrf.encode()):
                 return render(
                     request,
@@ -211,8 +217,14 @@ def _cookie(response: Response, name: str, value: str, request: Request, *, max_
 
 # --- overview ---------------------------------------------------------------------------------
 async def home(request: Request, user: User) -> Response:
-    live = await overview.snapshot(services_of(request), user.tenant_id)
-    return render(request, user, "overview.html", {"live": live})
+    services = services_of(request)
+    live = await overview.snapshot(services, user.tenant_id)
+    span = history.SPANS.get(request.query_params.get("span", ""), history.SPANS["hour"])
+    async with services.sessions() as session:
+        past = await history.series(
+            session, tenant_id=user.tenant_id, span=span, now=datetime.now(UTC)
+        )
+    return render(request, user, "overview.html", {"live": live, "history": past})
 
 
 async def live(request: Request, user: User) -> Response:
@@ -331,6 +343,15 @@ def _disabling(request: Request) -> Confirm:
     )
 
 
+def _deleting(request: Request) -> Confirm:
+    tenant_id = request.path_params["tenant_id"]
+    return Confirm(
+        f"Delete the tenant {tenant_id}? Its keys are revoked and its sandboxes ended, for good.",
+        "Delete",
+        f"/console/tenants/{tenant_id}",
+    )
+
+
 async def revoke_key(request: Request, user: User) -> Response:
     path = dict(request.path_params)
     try:
@@ -397,7 +418,7 @@ async def run_code(request: Request, user: User) -> Response:
     return _back(f"/console/invocations/{answer['invocation_id']}")
 
 
-FILTERS = ("status", "language", "kind", "function", "before")
+FILTERS = ("status", "language", "kind", "function", "since", "before")
 
 
 async def invocations_page(request: Request, user: User) -> Response:
@@ -406,41 +427,20 @@ async def invocations_page(request: Request, user: User) -> Response:
     if user.is_admin:
         filters["tenant"] = q.get("tenant", "")
     error = None
-    before = None
-    try:
-        if filters["before"]:
-            before = datetime.fromisoformat(filters["before"])
-            before = before if before.tzinfo else before.replace(tzinfo=UTC)
-        after_row = decode_cursor(q["cursor"]) if q.get("cursor") else None
-    except (ValueError, ValidationFailed):
-        error, after_row = "a filter or the page is not valid", None
     async with services_of(request).sessions() as session:
-        tenant_id = user.tenant_id
-        if filters.get("tenant"):
-            tenant_id = await names.tenant_id(session, filters["tenant"])
-        rows = (
-            []
-            if tenant_id is None and filters.get("tenant")
-            else await repo.list_for_tenant(
-                session,
-                tenant_id=tenant_id,
-                limit=PAGE,
-                status=filters["status"] or None,
-                kind=filters["kind"] or None,
-                language=filters["language"] or None,
-                function_version_id=filters["function"] or None,
-                before=before,
-                after_row=after_row,
-            )
+        listed, refused = await lists.safely(
+            "invocations",
+            session,
+            tenant_id=user.tenant_id,
+            filters=filters,
+            sort=q.get("sort"),
+            cursor=q.get("cursor"),
         )
+        error = refused or error
+        rows = listed.rows
         tenant_names = await names.tenants(session, (r.tenant_id for r in rows))
         functions = await names.function_versions(session, (r.function_version_id for r in rows))
-    if filters.get("tenant") and tenant_id is None:
-        error = f"no tenant named {filters['tenant']!r}"
-    older = None
-    if len(rows) == PAGE:
-        kept = {k: v for k, v in filters.items() if v}
-        older = "/console/invocations?" + urlencode({**kept, "cursor": encode_cursor(rows[-1])})
+    base = "/console/invocations"
     return render(
         request,
         user,
@@ -448,10 +448,10 @@ async def invocations_page(request: Request, user: User) -> Response:
         {
             "rows": rows,
             "filters": filters,
-            "older": older,
             "error": error,
             "tenant_names": tenant_names,
             "functions": functions,
+            **pages(base, listed, lists.INVOCATION_ORDERS, q.get("cursor")),
         },
     )
 
@@ -621,6 +621,16 @@ def routes() -> list[BaseRoute]:
         ),
         Route("/console/tenants/{tenant_id}/keys", page(create_key, admin=True), methods=["POST"]),
         Route(
+            "/console/tenants/{tenant_id}/delete",
+            page(tenant_deletion.delete_form, admin=True),
+            methods=["GET"],
+        ),
+        Route(
+            "/console/tenants/{tenant_id}/delete",
+            page(tenant_deletion.delete_tenant, admin=True, confirm=_deleting),
+            methods=["POST"],
+        ),
+        Route(
             "/console/tenants/{tenant_id}/keys/{key_id}/revoke",
             page(revoke_key, admin=True, confirm=_revoking),
             methods=["POST"],
@@ -651,6 +661,16 @@ def routes() -> list[BaseRoute]:
         Route("/console/sandboxes", page(sandbox_pages.create), methods=["POST"]),
         Route("/console/sandboxes/{sandbox_id}", page(sandbox_pages.detail), methods=["GET"]),
         Route("/console/sandboxes/{sandbox_id}/live", page(sandbox_pages.live), methods=["GET"]),
+        Route(
+            "/console/sandboxes/{sandbox_id}/files",
+            page(sandbox_pages.upload),
+            methods=["PUT"],
+        ),
+        Route(
+            "/console/sandboxes/{sandbox_id}/files/download",
+            page(sandbox_pages.download),
+            methods=["GET"],
+        ),
         Route(
             "/console/sandboxes/{sandbox_id}/exec",
             page(sandbox_pages.run_command),

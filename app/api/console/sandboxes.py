@@ -6,83 +6,81 @@ tenant's)."""
 from __future__ import annotations
 
 import shlex
+from pathlib import PurePosixPath
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote
 
 from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import JSONResponse, RedirectResponse, Response
 
+from app.api.console import lists, names
 from app.api.console import live as live_updates
-from app.api.console import names
 from app.api.console.actions import perform
+from app.api.console.pages import pages
 from app.api.console.render import render, services_of
 from app.api.console.sessions import User
 from app.api.v1 import sandboxes as api
-from app.db.cursors import decode_cursor, encode_cursor, older_than
-from app.db.models import Sandbox
-from app.errors import CorralError, NotFound, ValidationFailed
+from app.db.models import Sandbox, UsageEvent
+from app.errors import CorralError, NotFound
 
 PAGE = 50
 #: how often a sandbox's page hears of it
 LIVE_EVERY_S = 2.0
-STATES = ("live", "running", "paused", "creating", "stopped")
+#: metered intervals shown on a sandbox's page at most
+METERED = 240
+STATES = ("live", "running", "paused", "creating", "stopping", "stopped", "any")
+
+
+FILTERS = ("state", "image", "backend", "label", "since", "before")
 
 
 async def list_page(request: Request, user: User, **context: Any) -> Response:
-    state = request.query_params.get("state", "live")
-    state = state if state in STATES else "live"
-    cursor = request.query_params.get("cursor") or None
+    """The user's sandboxes (the operator: everyone's), filtered and sorted
+    (``app.api.console.lists``)."""
+    q = request.query_params
+    filters = {k: q.get(k, "") for k in FILTERS}
+    filters["state"] = filters["state"] if filters["state"] in STATES else "live"
     if user.is_admin:
-        query = select(Sandbox).order_by(Sandbox.created_at.desc(), Sandbox.id.desc()).limit(PAGE)
-        if state == "live":
-            query = query.where(Sandbox.state.in_(("creating", "running", "paused")))
-        else:
-            query = query.where(Sandbox.state == state)
-        try:
-            if cursor:
-                query = query.where(
-                    older_than(Sandbox.created_at, Sandbox.id, decode_cursor(cursor))
-                )
-        except ValidationFailed as exc:
-            return render(request, user, "error.html", {"message": exc.message}, 422)
-        async with services_of(request).sessions() as session:
-            rows = list((await session.scalars(query)).all())
-            tenant_names = await names.tenants(session, (r.tenant_id for r in rows))
-        shown = [
-            {
-                "id": r.id,
-                "tenant_id": r.tenant_id,
-                "tenant_name": tenant_names.get(r.tenant_id, ""),
-                "state": r.state,
-                "image": r.image,
-                "backend": r.backend,
-                "created_at": r.created_at.isoformat(),
-            }
-            for r in rows
-        ]
-        following = encode_cursor(rows[-1]) if len(rows) == PAGE else None
-    else:
-        query_params = {
-            "state": state,
-            "limit": str(PAGE),
-            **({"cursor": cursor} if cursor else {}),
+        filters["tenant"] = q.get("tenant", "")
+    error = context.pop("error", None)
+    async with services_of(request).sessions() as session:
+        listed, refused = await lists.safely(
+            "sandboxes",
+            session,
+            tenant_id=user.tenant_id,
+            filters=filters,
+            sort=q.get("sort"),
+            cursor=q.get("cursor"),
+        )
+        error = refused or error
+        tenant_names = await names.tenants(session, (r.tenant_id for r in listed.rows))
+    shown = [
+        {
+            "id": r.id,
+            "tenant_id": r.tenant_id,
+            "tenant_name": tenant_names.get(r.tenant_id, ""),
+            "state": r.state,
+            "image": r.image,
+            "backend": r.backend,
+            "labels": " ".join(f"{k}={v}" for k, v in sorted(r.meta.items())),
+            "created_at": r.created_at.isoformat(),
         }
-        try:
-            listed = await perform(api.list_sandboxes, request, user, query=query_params)
-        except CorralError as exc:
-            return render(request, user, "error.html", {"message": exc.message}, exc.status)
-        shown, following = listed["sandboxes"], listed["next_cursor"]
-    older = (
-        f"/console/sandboxes?{urlencode({'state': state, 'cursor': following})}"
-        if following
-        else None
-    )
+        for r in listed.rows
+    ]
     return render(
         request,
         user,
         "sandboxes.html",
-        {"sandboxes": shown, "state": state, "older": older, **context},
+        {
+            "sandboxes": shown,
+            "filters": filters,
+            "state": filters["state"],
+            "error": error,
+            **pages("/console/sandboxes", listed, lists.SANDBOX_ORDERS, q.get("cursor")),
+            **context,
+        },
     )
 
 
@@ -139,9 +137,89 @@ async def detail(request: Request, user: User, **context: Any) -> Response:
                     context.setdefault("files_error", exc.message)
     except NotFound as exc:
         return render(request, user, "error.html", {"message": exc.message}, 404)
+    async with services_of(request).sessions() as session:
+        metered = await metered_cpu(session, sandbox_id)
+    parent = str(PurePosixPath(path).parent) if path not in ("/", "") else None
     return render(
-        request, user, "sandbox.html", {"sandbox": sandbox, "files": files, "path": path, **context}
+        request,
+        user,
+        "sandbox.html",
+        {
+            "sandbox": sandbox,
+            "files": files,
+            "path": path,
+            "parent": parent,
+            "metered": metered,
+            **context,
+        },
     )
+
+
+async def metered_cpu(session: AsyncSession, sandbox_id: str) -> list[dict[str, Any]]:
+    """The CPU the sandbox used in each interval its usage was metered for (about one a
+    ``sandbox_meter_seconds``, from its usage events: what is stored of its CPU over
+    time), as cores on average; the newest ``METERED`` intervals, oldest first."""
+    events = (
+        await session.execute(
+            select(UsageEvent.occurred_at, UsageEvent.instance_seconds, UsageEvent.cpu_ms)
+            .where(
+                UsageEvent.subject == "sandbox",
+                UsageEvent.subject_id >= f"{sandbox_id}@",
+                UsageEvent.subject_id < f"{sandbox_id}A",  # the ids of this one's intervals
+            )
+            .order_by(UsageEvent.occurred_at.desc())
+            .limit(METERED)
+        )
+    ).all()
+    return [
+        {
+            "end": end.strftime("%H:%M:%S"),
+            "seconds": round(seconds, 1),
+            "cores": round(cpu_ms / 1000 / seconds, 3) if seconds else 0.0,
+        }
+        for end, seconds, cpu_ms in reversed(events)
+    ]
+
+
+async def download(request: Request, user: User) -> Response:
+    """A file of the sandbox, streamed from its node to the browser as it is read
+    (``GET /v1/sandboxes/{id}/files``, as the signed-in tenant), saved under its name."""
+    sandbox_id = request.path_params["sandbox_id"]
+    path = request.query_params.get("path", "")
+    try:
+        answer: Response = await perform(
+            api.read_file,
+            request,
+            user,
+            path={"sandbox_id": sandbox_id},
+            query={"path": path},
+            raw=True,
+        )
+    except CorralError as exc:
+        return render(request, user, "error.html", {"message": exc.message}, exc.status)
+    name = PurePosixPath(path).name or "download"
+    answer.headers["content-disposition"] = f"attachment; filename*=UTF-8''{quote(name)}"
+    return answer
+
+
+async def upload(request: Request, user: User) -> Response:
+    """A file put into the sandbox: the request's body, streamed to the node as it
+    arrives (``PUT /v1/sandboxes/{id}/files``, as the signed-in tenant, within
+    ``max_file_bytes``); the CSRF token comes in ``X-CSRF-Token``, the body being the
+    file. The entry written, as JSON, or the API's error."""
+    try:
+        written = await perform(
+            api.write_file,
+            request,
+            user,
+            path={"sandbox_id": request.path_params["sandbox_id"]},
+            query={"path": request.query_params.get("path", "")},
+        )
+    except CorralError as exc:
+        return JSONResponse(
+            {"error": {"code": exc.code, "message": exc.message}}, status_code=exc.status
+        )
+    return JSONResponse(written)
 
 
 async def live(request: Request, user: User) -> Response:

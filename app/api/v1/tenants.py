@@ -14,10 +14,13 @@ from app.schemas.tenants import (
     NewKeyOut,
     TenantCreate,
     TenantCreated,
+    TenantDelete,
+    TenantDeleted,
     TenantList,
     TenantOut,
     TenantPatch,
 )
+from app.tenants.deletion import delete_tenant as delete
 
 TAGS = ["tenants"]
 
@@ -105,6 +108,28 @@ async def update_tenant(call: Call) -> TenantOut:
 
 
 @endpoint(
+    "DELETE",
+    "/v1/tenants/{tenant_id}",
+    summary="Delete a tenant: keep its records, or purge them",
+    tags=TAGS,
+    auth="admin",
+    query=TenantDelete,
+    response=TenantDeleted,
+)
+async def delete_tenant(call: Call) -> TenantDeleted:
+    """Disable the tenant for good, revoke its keys, end its live sandboxes; with
+    ``purge`` remove its content too (``app.tenants.deletion``). Asking again finishes
+    what the last call left (``remaining``)."""
+    done = await delete(call.services, call.path["tenant_id"], purge=call.query.purge)
+    return TenantDeleted(
+        tenant=_tenant_out(call, done.tenant),
+        sandboxes_ended=done.sandboxes_ended,
+        purged=done.purged,
+        remaining=done.remaining,
+    )
+
+
+@endpoint(
     "POST",
     "/v1/tenants/{tenant_id}/keys",
     summary="Create an API key",
@@ -113,6 +138,7 @@ async def update_tenant(call: Call) -> TenantOut:
     body=KeyCreate,
     response=NewKeyOut,
     status=201,
+    errors=(409,),
 )
 async def create_key(call: Call) -> NewKeyOut:
     body: KeyCreate = call.body
@@ -164,6 +190,8 @@ def _tenant_out(call: Call, tenant: Tenant) -> TenantOut:
         name=tenant.name,
         disabled=tenant.disabled,
         created_at=tenant.created_at,
+        deleted_at=tenant.deleted_at,
+        purged_at=tenant.purged_at,
         quota=QuotaLimits.stored(tenant.quota.limits, call.services.settings.quota.limits()),
     )
 
@@ -184,6 +212,7 @@ endpoints = [
     list_tenants,
     get_tenant,
     update_tenant,
+    delete_tenant,
     create_key,
     list_keys,
     revoke_key,

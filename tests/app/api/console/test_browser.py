@@ -157,6 +157,173 @@ def test_an_operator_and_a_tenant_at_work(wide: Any, server_url: str, shots: Pat
     assert asked and asked[0].startswith("Kill the sandbox sbx_")
 
 
+def test_the_operator_deletes_a_tenant_choosing_to_purge(
+    wide: Any, server_url: str, shots: Path
+) -> None:
+    url, page = server_url, wide
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    made = httpx.post(f"{url}/v1/tenants", json={"name": "leaving-team"}, headers=admin).json()
+    tenant_id, key = made["tenant"]["id"], made["key"]["api_key"]
+    headers = {"Authorization": f"Bearer {key}"}
+    ran = httpx.post(f"{url}/v1/run", json={"language": "fake", "code": "{}"}, headers=headers)
+    assert ran.status_code == 200, ran.text
+    sign_in(page, url, ADMIN_KEY)
+    page.goto(f"{url}/console/tenants/{tenant_id}")
+    page.click("#delete-tenant")
+    page.wait_for_url(f"{url}/console/tenants/{tenant_id}/delete")
+    assert page.is_visible("text=Delete, keep its records")
+    page.screenshot(path=shots / "tenant-delete.png", full_page=True)
+    page.click("text=Delete and purge its data")
+    page.wait_for_selector("#deleted")
+    assert "Nothing of its data is left" in page.inner_text("#remaining")
+    page.screenshot(path=shots / "tenant-deleted.png", full_page=True)
+    assert httpx.get(f"{url}/v1/invocations", headers=headers).status_code == 401
+    shown = httpx.get(f"{url}/v1/tenants/{tenant_id}", headers=admin).json()
+    assert shown["deleted_at"] and shown["purged_at"]
+    page.click("text=Back to the tenant")
+    assert "Its data was purged" in page.inner_text("#state")
+
+
+def test_the_overview_charts_the_last_hour_and_day(wide: Any, server_url: str, shots: Path) -> None:
+    url, page = server_url, wide
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    made = httpx.post(f"{url}/v1/tenants", json={"name": "busy-team"}, headers=admin).json()
+    headers = {"Authorization": f"Bearer {made['key']['api_key']}"}
+    for program in ({}, {}, {"exit": 3}):
+        body = {"language": "fake", "code": json.dumps(program)}
+        assert httpx.post(f"{url}/v1/run", json=body, headers=headers).status_code == 200
+    sign_in(page, url, ADMIN_KEY)
+    for span in ("hour", "day"):
+        page.goto(f"{url}/console?span={span}")
+        page.wait_for_selector("#executions-chart[data-drawn=true]")
+        page.wait_for_selector("#latency-chart[data-drawn=true]")
+        drawn = page.evaluate(
+            "Chart.getChart('executions-chart').data.datasets"
+            ".map((d) => d.data.reduce((a, b) => a + b, 0))"
+        )
+        assert drawn == [2, 1, 0], (span, drawn)  # succeeded, failed (exit 3), errored
+        p50 = page.evaluate("Chart.getChart('latency-chart').data.datasets[0].data")
+        assert any(v is not None for v in p50)
+    page.screenshot(path=shots / "overview-day.png", full_page=True)
+
+
+def test_a_list_sorts_by_the_header_clicked(wide: Any, server_url: str) -> None:
+    url, page = server_url, wide
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    for name in ("zz-last", "aa-first"):
+        made = httpx.post(f"{url}/v1/tenants", json={"name": name}, headers=admin).json()
+        body = {"language": "fake", "code": "{}"}
+        headers = {"Authorization": f"Bearer {made['key']['api_key']}"}
+        assert httpx.post(f"{url}/v1/run", json=body, headers=headers).status_code == 200
+    sign_in(page, url, ADMIN_KEY)
+    page.goto(f"{url}/console/invocations")
+    tenants = "#invocations tbody td.name[title^=ten_]"
+    assert page.locator(tenants).all_inner_texts() == ["aa-first", "zz-last"]  # newest first
+    page.click("#invocations th a:has-text('tenant')")
+    page.wait_for_url(re.compile(r".*sort=tenant.*"))
+    assert page.locator(tenants).all_inner_texts() == ["aa-first", "zz-last"]
+    assert "▲" in page.inner_text("#invocations thead")
+    page.click("#invocations th a:has-text('tenant')")
+    page.wait_for_url(re.compile(r".*sort=-tenant.*"))
+    assert page.locator(tenants).all_inner_texts() == ["zz-last", "aa-first"]
+    page.fill("input[name=tenant]", "zz-last")
+    page.click("button:has-text('Filter')")
+    page.wait_for_url(re.compile(r".*tenant=zz-last.*"))
+    assert page.locator(tenants).all_inner_texts() == ["zz-last"]
+    assert "sort=-tenant" in page.url  # the filter keeps the order
+
+
+def test_a_tenant_uploads_a_file_into_a_sandbox_and_downloads_it(
+    wide: Any, server_url: str, shots: Path, tmp_path: Path
+) -> None:
+    url, page = server_url, wide
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    made = httpx.post(f"{url}/v1/tenants", json={"name": "files-team"}, headers=admin).json()
+    key = made["key"]["api_key"]
+    headers = {"Authorization": f"Bearer {key}"}
+    body = {"image": "python", "backend": "fake"}
+    created = httpx.post(f"{url}/v1/sandboxes", json=body, headers=headers)
+    assert created.status_code == 201, created.text
+    sandbox_id = created.json()["id"]
+    data = os.urandom(3 * 1024 * 1024) + "é\n".encode()
+    sign_in(page, url, key)
+    page.goto(f"{url}/console/sandboxes/{sandbox_id}")
+    page.set_input_files(
+        "#upload input[type=file]",
+        files=[{"name": "notes.bin", "mimeType": "application/octet-stream", "buffer": data}],
+    )
+    page.click("#upload button")
+    page.wait_for_selector("#files a.download")
+    assert "notes.bin" in page.inner_text("#files")
+    with page.expect_download() as waiting:
+        page.click("#files a.download")
+    download = waiting.value
+    assert download.suggested_filename == "notes.bin"
+    saved = tmp_path / "notes.bin"
+    download.save_as(saved)
+    assert saved.read_bytes() == data
+    stored = httpx.get(
+        f"{url}/v1/sandboxes/{sandbox_id}/files",
+        params={"path": "/home/user/notes.bin"},
+        headers=headers,
+    )
+    assert stored.content == data
+    # its CPU and memory, sampled while the page is open, drawn as they come
+    page.wait_for_selector("#sandbox-chart[data-samples='2']", timeout=15_000)
+    memory = page.evaluate("Chart.getChart('sandbox-chart').data.datasets[1].data")
+    assert all(isinstance(v, int | float) and v > 0 for v in memory), memory
+    page.screenshot(path=shots / "sandbox-files.png", full_page=True)
+
+
+LONG = "a-team-with-a-very-long-name-" + "x" * 90  # 119 characters, within the 128 allowed
+SIZES = {"1366": {"width": 1366, "height": 768}, "390": NARROW}
+
+
+@pytest.mark.parametrize("size", sorted(SIZES))
+def test_long_names_and_wide_tables_fit_the_screen(
+    browser: Any, server_url: str, shots: Path, size: str
+) -> None:
+    """At 1366 px and on a phone no page scrolls sideways: a wide table scrolls in its
+    card, a long name or id is cut with its whole in a tooltip."""
+    url, viewport = server_url, SIZES[size]
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    made = httpx.post(f"{url}/v1/tenants", json={"name": LONG}, headers=admin).json()
+    tenant_id, key = made["tenant"]["id"], made["key"]["api_key"]
+    headers = {"Authorization": f"Bearer {key}"}
+    labels = {"experiment": "a-rather-long-label-value-" + "y" * 60, "episode": "17"}
+    body = {"image": "python", "backend": "fake", "metadata": labels}
+    created = httpx.post(f"{url}/v1/sandboxes", json=body, headers=headers)
+    assert created.status_code == 201, created.text
+    sandbox_id = created.json()["id"]
+    ran = {"language": "fake", "code": json.dumps({"stdout": "w" * 300})}
+    assert httpx.post(f"{url}/v1/run", json=ran, headers=headers).status_code == 200
+
+    pages = {
+        "overview": (ADMIN_KEY, "/console"),
+        "sandboxes": (ADMIN_KEY, "/console/sandboxes"),
+        "tenant": (ADMIN_KEY, f"/console/tenants/{tenant_id}"),
+        "invocations": (ADMIN_KEY, "/console/invocations"),
+        "sandbox": (key, f"/console/sandboxes/{sandbox_id}"),
+    }
+    for who in (ADMIN_KEY, key):
+        context = browser.new_context(viewport=viewport)
+        try:
+            page = context.new_page()
+            sign_in(page, url, who)
+            for name, (whose, path) in pages.items():
+                if whose != who:
+                    continue
+                page.goto(f"{url}{path}")
+                width = page.evaluate("document.documentElement.scrollWidth")
+                assert width <= viewport["width"], f"{name} scrolls sideways at {size} px"
+                for cell in page.locator("td.name, td.id").all():
+                    if cell.inner_text().strip():
+                        assert cell.get_attribute("title"), f"{name}: a cut cell without its whole"
+                page.screenshot(path=shots / f"{name}-{size}.png", full_page=True)
+        finally:
+            context.close()
+
+
 def test_the_overview_updates_live_and_fits_a_phone(
     phone: Any, server_url: str, shots: Path
 ) -> None:

@@ -156,6 +156,38 @@ def test_disabling_a_tenant_and_revoking_a_key_ask_first(client: TestClient) -> 
     assert keys[0]["revoked_at"] is not None
 
 
+def test_the_operator_deletes_a_tenant_after_choosing_keep_or_purge(client: TestClient) -> None:
+    csrf = sign_in(client, ADMIN_KEY)
+    made = client.post("/console/tenants", data={"name": "leaving-t", "csrf": csrf})
+    tenant_id = re.search(r"<code>(ten_[^<]+)</code>", made.text).group(1)  # type: ignore[union-attr]
+    key = re.search(r'id="new-key">([^<]+)<', made.text).group(1)  # type: ignore[union-attr]
+    ran = run(client, {"headers": {"Authorization": f"Bearer {key}"}}, stdout="bye")
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    assert f'href="/console/tenants/{tenant_id}/delete"' in made.text
+
+    choice = client.get(f"/console/tenants/{tenant_id}/delete")
+    assert "Delete, keep its records" in choice.text and "Delete and purge its data" in choice.text
+    action = f"/console/tenants/{tenant_id}/delete"
+    asked = client.post(action, data={"csrf": csrf, "purge": "yes"})  # not from the choice page
+    assert "Are you sure?" in asked.text and 'name="purge" value="yes"' in asked.text
+    assert client.get(f"/v1/tenants/{tenant_id}", headers=admin).json()["deleted_at"] is None
+
+    kept = client.post(action, data={"csrf": csrf, "purge": "no", "confirmed": "yes"})
+    assert kept.status_code == 200 and "is deleted" in kept.text and "records are kept" in kept.text
+    shown = client.get(f"/v1/tenants/{tenant_id}", headers=admin).json()
+    assert shown["deleted_at"] and shown["purged_at"] is None
+    invocation = f"/console/invocations/{ran['invocation_id']}"
+    assert client.get(invocation).status_code == 200
+    page = client.get(f"/console/tenants/{tenant_id}").text
+    assert "Deleted " in page and "Purge its data" in page and ">Enable<" not in page
+
+    purged = client.post(action, data={"csrf": csrf, "purge": "yes", "confirmed": "yes"})
+    assert 'id="purged"' in purged.text and "Nothing of its data is left" in purged.text
+    assert client.get(f"/v1/tenants/{tenant_id}", headers=admin).json()["purged_at"]
+    assert client.get(invocation).status_code == 404
+    assert "purged" in client.get("/console/tenants").text
+
+
 def test_a_tenant_makes_and_revokes_its_own_keys(
     client: TestClient, new_tenant: Callable[..., Tenant]
 ) -> None:
