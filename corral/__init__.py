@@ -47,6 +47,7 @@ from corral._resources import (
     Tenants,
 )
 from corral._sandbox import AsyncFiles, AsyncSandbox, Files, Sandbox
+from corral._terminal import AsyncTerminal
 
 __all__ = [
     "AsyncCorral",
@@ -56,6 +57,7 @@ __all__ = [
     "AsyncSandbox",
     "AsyncSandboxes",
     "AsyncTenants",
+    "AsyncTerminal",
     "BadRequest",
     "ConcurrencyLimited",
     "Conflict",
