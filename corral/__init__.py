@@ -49,6 +49,7 @@ from corral._resources import (
     Tenants,
 )
 from corral._sandbox import AsyncFiles, AsyncSandbox, Files, Sandbox
+from corral._terminal import AsyncTerminal
 
 __all__ = [
     "AsyncCorral",
@@ -59,6 +60,7 @@ __all__ = [
     "AsyncSandbox",
     "AsyncSandboxes",
     "AsyncTenants",
+    "AsyncTerminal",
     "BadRequest",
     "ConcurrencyLimited",
     "Conflict",

@@ -29,6 +29,7 @@ from corral._api import (
 )
 from corral._errors import CorralError, NotFound
 from corral._models import ExecResult, FileEntry, SandboxInfo
+from corral._terminal import AsyncTerminal
 
 if TYPE_CHECKING:
     from corral._client import AsyncCorral, Corral
@@ -264,6 +265,14 @@ class AsyncSandbox:
                     if inspect.isawaitable(returned):
                         await returned
         return events.result()
+
+    def terminal(self, *, cols: int = 80, rows: int = 24) -> AsyncTerminal:
+        """A login shell on a terminal of the sandbox's own, over a WebSocket: use it in
+        ``async with`` (``corral._terminal`` says how)."""
+        base = self._client.url.replace("https://", "wss://", 1).replace("http://", "ws://", 1)
+        url = f"{base}{one(self.id, '/terminal')}?cols={cols}&rows={rows}"
+        auth = self._client._http.headers.get("authorization")
+        return AsyncTerminal(url, {"Authorization": auth} if auth else {})
 
     async def _update(self, method: str, tail: str = "", **kwargs: Any) -> SandboxInfo:
         answer = await self._client._json(method, one(self.id, tail), **kwargs)

@@ -9,12 +9,15 @@ the second close took that thread's descriptor from under it: its own ``close`` 
 failed with EBADF, or worse, it wrote to a file it no longer had. ``PipeReader`` feeds
 an ``asyncio.StreamReader`` (with its flow control: reading pauses while the reader
 holds more than its limit, so a child that floods its output is held by the pipe, not
-buffered by the node); ``PipeWriter`` takes what a ``StreamWriter`` would.
+buffered by the node); ``PipeWriter`` takes what a ``StreamWriter`` would. Both serve a
+terminal's master as well (``node.sandboxes.crun.spawn``): its EIO once the terminal's
+last slave is closed is its end of file.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 from typing import Any
 
@@ -42,7 +45,10 @@ class PipeReader(asyncio.ReadTransport):
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
-            self._reader.set_exception(exc)
+            if exc.errno == errno.EIO:  # a terminal's master: no slave is left open
+                self._reader.feed_eof()
+            else:
+                self._reader.set_exception(exc)
             self.close()
             return
         if data:
@@ -148,6 +154,11 @@ class PipeWriter:
 
     def is_closing(self) -> bool:
         return self._closing or self._fd is None
+
+    def fileno(self) -> int:
+        if self._fd is None:
+            raise ValueError("the pipe is closed")
+        return self._fd
 
     def _fail(self, exc: OSError) -> None:
         self._error = exc

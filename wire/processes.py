@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from wire.sandboxes import ExecRequest
+from wire.sandboxes import ExecRequest, PtySize
 
 
 class _Message(BaseModel):
@@ -35,3 +35,9 @@ class ProcessInfo(_Message):
 
 class ProcessSignal(_Message):
     signal: int = Field(ge=1, le=64)
+
+
+class ProcessResize(_Message):
+    """A new size for a process's terminal (one started with ``ExecRequest.pty``)."""
+
+    size: PtySize

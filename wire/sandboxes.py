@@ -166,6 +166,13 @@ class SandboxStatus(_Message):
     phases: Phases = Field(default_factory=Phases)
 
 
+class PtySize(_Message):
+    """A terminal's size in character cells."""
+
+    cols: int = Field(ge=1, le=1000)
+    rows: int = Field(ge=1, le=1000)
+
+
 class ExecRequest(_Message):
     cmd: list[str] = Field(min_length=1, max_length=4096)
     env: dict[str, str] = Field(default_factory=dict)
@@ -180,6 +187,12 @@ class ExecRequest(_Message):
     )
     max_output_bytes: int = Field(
         4 << 20, ge=0, le=64 << 20, description="kept per stream in the whole answer"
+    )
+    pty: PtySize | None = Field(
+        None,
+        description="run on a terminal of this size, allocated inside the sandbox: its "
+        "stdin, stdout and stderr; its output is one stream (``pty``), its input stays "
+        "open; TERM=xterm-256color unless given",
     )
 
 
@@ -211,7 +224,7 @@ class ExecOutput(_Message):
     caller whole; the gateway decodes for the surfaces that answer text)."""
 
     kind: Literal["output"] = "output"
-    stream: Literal["stdout", "stderr"]
+    stream: Literal["stdout", "stderr", "pty"]  #: ``pty``: a terminal's, its only stream
     data: Base64Data
 
 
@@ -226,7 +239,7 @@ class ExecExit(_Message):
     signal: int | None = None
     timed_out: bool = False
     duration_ms: float
-    stdout_truncated: bool = False
+    stdout_truncated: bool = False  #: a terminal's output (``pty``) counts as stdout
     stderr_truncated: bool = False
     error: str | None = None  #: the command could not be started
 
@@ -253,7 +266,7 @@ class ExecResult(_Message):
 async def collect(events: AsyncIterable[ExecEvent]) -> ExecResult:
     """A command's whole outcome from its events."""
     pid: int | None = None
-    out: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
+    out: dict[str, list[bytes]] = {"stdout": [], "stderr": [], "pty": []}
     result = ExecResult(exit_code=None, duration_ms=0.0, error="the command's end was not seen")
     async for event in events:
         if isinstance(event, ExecStarted):
@@ -263,7 +276,8 @@ async def collect(events: AsyncIterable[ExecEvent]) -> ExecResult:
         else:
             result = ExecResult(**event.model_dump(exclude={"kind"}))
     result.pid = pid
-    result.stdout, result.stderr = b"".join(out["stdout"]), b"".join(out["stderr"])
+    result.stdout = b"".join(out["stdout"] + out["pty"])  # a terminal's output is its stdout
+    result.stderr = b"".join(out["stderr"])
     return result
 
 

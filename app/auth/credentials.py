@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from starlette.requests import Request
+from starlette.requests import HTTPConnection
 
 from app.errors import ConflictingCredentials, InvalidApiKey
 
@@ -50,8 +50,8 @@ E2B_SANDBOX = Surface("e2b-sandbox", ("x-access-token", "e2b-traffic-access-toke
 NODE = Surface("node", (AUTHORIZATION,))
 
 
-def presented(request: Request, surface: Surface) -> str | None:
-    """The credential ``request`` presents on ``surface``, or None; raises
+def presented(request: HTTPConnection, surface: Surface) -> str | None:
+    """The credential ``request`` (or a WebSocket) presents on ``surface``, or None; raises
     ``ConflictingCredentials`` when its headers carry two different ones."""
     accepted = surface.raw
     found: str | None = None

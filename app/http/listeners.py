@@ -62,6 +62,11 @@ class KeylessListener:
 
 #: how long the API keeps an idle connection open
 KEEP_ALIVE_S = 75
+#: a WebSocket (a sandbox's terminal) is pinged this often, and closed if a ping goes
+#: unanswered as long: proxies keep an idle terminal, a vanished client is noticed
+WS_PING_S = 20.0
+#: the largest WebSocket message taken (the terminal takes 64 KiB of input a message)
+WS_MAX_BYTES = 1 << 20
 
 
 def api_config(app: ASGIApp, settings: Settings, **options: Any) -> uvicorn.Config:
@@ -78,6 +83,9 @@ def api_config(app: ASGIApp, settings: Settings, **options: Any) -> uvicorn.Conf
         # longer than clients keep idle connections (httpx, requests: 5 s or less), so a
         # client's request never meets a connection the server is closing
         timeout_keep_alive=KEEP_ALIVE_S,
+        ws_ping_interval=WS_PING_S,
+        ws_ping_timeout=WS_PING_S,
+        ws_max_size=WS_MAX_BYTES,
         **options,
     )
 

@@ -44,13 +44,14 @@ from app.errors import (
 )
 from common.logsafe import loggable
 from node.agent import local
-from wire.processes import ProcessInfo, ProcessSignal, StartProcess
+from wire.processes import ProcessInfo, ProcessResize, ProcessSignal, StartProcess
 from wire.sandboxes import (
     EXEC_EVENT,
     EntryPage,
     ExecEvent,
     ExecRequest,
     FileEntry,
+    PtySize,
     SandboxInventory,
     SandboxSpec,
     SandboxStatus,
@@ -81,6 +82,7 @@ _ERRORS: dict[str, type[CorralError]] = {
     "bad_request": BadRequest,
     "process_not_found": NotFound,
     "stdin_closed": BadRequest,
+    "not_a_terminal": Conflict,
     "invalid_network": InvalidNetwork,
     "watcher_not_found": NotFound,
     "too_many_watchers": Conflict,
@@ -312,6 +314,11 @@ class NodeClient:
 
     async def close_stdin(self, sandbox_id: str, pid: int) -> None:
         await self._call("POST", f"/sandboxes/{sandbox_id}/processes/{pid}/close-stdin")
+
+    async def resize(self, sandbox_id: str, pid: int, size: PtySize) -> None:
+        """Resize a process's terminal (one started with ``ExecRequest.pty``)."""
+        body = ProcessResize(size=size).model_dump_json()
+        await self._call("POST", f"/sandboxes/{sandbox_id}/processes/{pid}/resize", content=body)
 
     async def _events(
         self, method: str, path: str, content: str | None = None, *, read_s: float | None = None

@@ -114,9 +114,10 @@ async def stream_events(
     decoders: dict[Stream, TextDecoder] = {"stdout": TextDecoder(), "stderr": TextDecoder()}
     async for event in events:
         if isinstance(event, ExecOutput):
-            text, data = decoders[event.stream].feed(event.data)
+            stream: Stream = "stderr" if event.stream == "stderr" else "stdout"  # pty: stdout
+            text, data = decoders[stream].feed(event.data)
             if data:
-                yield _event(event.stream, text, data, binary)
+                yield _event(stream, text, data, binary)
             continue
         if isinstance(event, ExecExit):
             for name, decoder in decoders.items():

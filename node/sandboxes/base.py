@@ -10,6 +10,7 @@ the node's API answers with (the gateway maps it to its own errors):
     ├── SandboxNotFound       404 sandbox_not_found
     ├── SandboxNotRunning     409 sandbox_not_running   (paused or stopped)
     ├── SandboxUnresponsive   503 sandbox_unresponsive  (its init refused or did not answer)
+    ├── NotATerminal          409 not_a_terminal        (a resize of a process without one)
     ├── SandboxPathError      400 invalid_path
     │   ├── PathNotFound      404 path_not_found
     │   ├── PathExists        409 path_exists
@@ -42,6 +43,7 @@ from wire.sandboxes import (
     ExecRequest,
     FileEntry,
     Phases,
+    PtySize,
     SandboxSpec,
     WatchEvents,
 )
@@ -71,6 +73,12 @@ class SandboxUnresponsive(SandboxError):
     did not answer in time."""
 
     status, code = 503, "sandbox_unresponsive"
+
+
+class NotATerminal(SandboxError):
+    """A terminal's call (resize) on a process that runs without one."""
+
+    status, code = 409, "not_a_terminal"
 
 
 class SandboxPathError(SandboxError):
@@ -221,6 +229,10 @@ class Process(ABC):
 
     @abstractmethod
     async def close_stdin(self) -> None: ...
+
+    async def resize(self, size: PtySize) -> None:
+        """Set the size of the command's terminal (``ExecRequest.pty``)."""
+        raise NotATerminal(f"process {self.pid} has no terminal")
 
     def pause_output(self) -> None:
         """Stop taking the command's output until ``resume_output``: nobody reads it, so

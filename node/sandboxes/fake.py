@@ -2,7 +2,9 @@
 
 Files live in a dict per sandbox; a command "runs" by a tiny interpreter that knows
 ``echo ARGS``, ``cat PATH``, ``exit N``, ``sleep S`` and ``env``, enough to test routing,
-streaming, records and timeouts without a container. Only with ``dev_mode``.
+streaming, records and timeouts without a container. A command on a terminal
+(``ExecRequest.pty``) is ``FakeTerminal``: a line discipline that echoes its input and a
+shell that knows ``echo ARGS``, ``stty size`` and ``exit N``. Only with ``dev_mode``.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from wire.sandboxes import (
     FileEntry,
     FileType,
     Phases,
+    PtySize,
     SandboxSpec,
 )
 
@@ -110,6 +113,92 @@ class FakeProcess(Process):
         return None
 
 
+class FakeTerminal(Process):
+    """A command on a fake terminal: what it is sent is echoed (a carriage return as
+    ``\r\n``, as a terminal in its default mode does) and each line run by a tiny shell:
+    ``echo ARGS``, ``stty size`` (the terminal's rows and columns: ``resize`` changes
+    them) and ``exit N``; a prompt ``$ `` after each. It ends on ``exit``, a signal or
+    its timeout."""
+
+    def __init__(self, request: ExecRequest, pid: int) -> None:
+        assert request.pty is not None
+        self.pid = pid
+        self.size = request.pty
+        self.env = dict(request.env)
+        self._queue: asyncio.Queue[ExecEvent] = asyncio.Queue()
+        self._line = bytearray()
+        self._started = time.monotonic()
+        self._ended = False
+        self._queue.put_nowait(ExecStarted(pid=pid))
+        self._output(b"$ ")
+        self._timer = (
+            asyncio.get_running_loop().call_later(request.timeout_s, self._end, None, 9, True)
+            if request.timeout_s is not None
+            else None
+        )
+
+    async def events(self) -> AsyncIterator[ExecEvent]:
+        while True:
+            event = await self._queue.get()
+            yield event
+            if isinstance(event, ExecExit):
+                return
+
+    def _output(self, data: bytes) -> None:
+        self._queue.put_nowait(ExecOutput(stream="pty", data=data))
+
+    def _end(self, code: int | None, signum: int | None = None, timed_out: bool = False) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        if self._timer is not None:
+            self._timer.cancel()
+        self._queue.put_nowait(
+            ExecExit(
+                exit_code=code,
+                signal=signum,
+                timed_out=timed_out,
+                duration_ms=(time.monotonic() - self._started) * 1000,
+            )
+        )
+
+    def _run(self, line: str) -> None:
+        words = line.split()
+        if not words:
+            pass
+        elif words[0] == "echo":
+            self._output((" ".join(words[1:]) + "\r\n").encode())
+        elif words == ["stty", "size"]:
+            self._output(f"{self.size.rows} {self.size.cols}\r\n".encode())
+        elif words[0] == "exit":
+            self._end(int(words[1]) if len(words) > 1 else 0)
+            return
+        else:
+            self._output(f"{words[0]}: command not found\r\n".encode())
+        self._output(b"$ ")
+
+    async def write_stdin(self, data: bytes) -> None:
+        if self._ended:
+            raise BrokenPipeError("the terminal is closed")
+        for byte in data:
+            if byte in b"\r\n":
+                self._output(b"\r\n")
+                line, self._line = self._line.decode(errors="replace"), bytearray()
+                self._run(line)
+            else:
+                self._line.append(byte)
+                self._output(bytes([byte]))
+
+    async def signal(self, signum: int) -> None:
+        self._end(None, signum)
+
+    async def close_stdin(self) -> None:
+        return None
+
+    async def resize(self, size: PtySize) -> None:
+        self.size = size
+
+
 class FakeSandboxBackend(SandboxBackend):
     name = "fake"
 
@@ -163,6 +252,8 @@ class FakeSandboxBackend(SandboxBackend):
         if sandbox.paused:
             raise SandboxNotRunning(f"sandbox {sandbox_id} is paused")
         self._pids += 1
+        if request.pty is not None:
+            return FakeTerminal(request, self._pids)
         return FakeProcess(sandbox, request, self._pids)
 
     def _entry(self, sandbox: _Sandbox, path: str) -> FileEntry:

@@ -20,6 +20,10 @@ Routes (added to the node's sandbox API by ``node.sandboxes.http``, same token):
     POST /sandboxes/{id}/processes/{pid}/signal          ProcessSignal
     POST /sandboxes/{id}/processes/{pid}/stdin           raw bytes
     POST /sandboxes/{id}/processes/{pid}/close-stdin
+    POST /sandboxes/{id}/processes/{pid}/resize          ProcessResize (a terminal's)
+
+A process started with ``ExecRequest.pty`` (a terminal) is one of the table's like any
+other: its output is the ``pty`` stream, its stdin the terminal's input.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from node.sandboxes.base import Process, SandboxError
 from node.sandboxes.manager import SandboxManager
-from wire.processes import ProcessInfo, ProcessSignal, StartProcess
+from wire.processes import ProcessInfo, ProcessResize, ProcessSignal, StartProcess
 from wire.sandboxes import ExecEvent, ExecExit, ExecOutput, ExecStarted
 
 log = logging.getLogger(__name__)
@@ -165,6 +169,9 @@ class ProcessTable:
 
     async def close_stdin(self, sandbox_id: str, pid: int) -> None:
         await self._get(sandbox_id, pid).process.close_stdin()
+
+    async def resize(self, sandbox_id: str, pid: int, resize: ProcessResize) -> None:
+        await self._get(sandbox_id, pid).process.resize(resize.size)
 
     async def close(self) -> None:
         """Stop following (the processes themselves end with their sandboxes)."""
@@ -316,6 +323,11 @@ def process_routes(table: ProcessTable) -> list[tuple[str, Handler, list[str]]]:
         await table.close_stdin(sid(request), pid(request))
         return Response(status_code=204)
 
+    async def resize(request: Request) -> Response:
+        body = ProcessResize.model_validate_json(await _read(request, MAX_REQUEST_BYTES))
+        await table.resize(sid(request), pid(request), body)
+        return Response(status_code=204)
+
     one = "/sandboxes/{sandbox_id}/processes"
     each = one + "/{pid:int}"
     return [
@@ -325,4 +337,5 @@ def process_routes(table: ProcessTable) -> list[tuple[str, Handler, list[str]]]:
         (f"{each}/signal", signal, ["POST"]),
         (f"{each}/stdin", stdin, ["POST"]),
         (f"{each}/close-stdin", close_stdin, ["POST"]),
+        (f"{each}/resize", resize, ["POST"]),
     ]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import corral
-from corral import AsyncCorral, Corral
+from corral import AsyncCorral, AsyncTerminal, Corral
 from tests.conftest import free_port
 from tests.corral.server import SandboxServer, start, until_stopped
 
@@ -278,3 +278,26 @@ async def test_the_async_client(server: SandboxServer) -> None:
         assert sbx.state == "stopping"  # destroyed: acknowledged
         with pytest.raises(corral.NotFound):
             await sdk.sandboxes.get("sbx_nope")
+
+
+async def _until(terminal: AsyncTerminal, text: bytes) -> None:
+    seen = b""
+    while text not in seen:
+        frame = await terminal.recv()
+        assert frame is not None, f"ended ({terminal.ended}) before {text!r}: {seen!r}"
+        seen += frame
+
+
+async def test_the_async_client_opens_a_terminal(server: SandboxServer) -> None:
+    async with AsyncCorral(server.url, server.key) as sdk:
+        sbx = await sdk.sandboxes.create(backend="fake")
+        async with sbx, sbx.terminal(cols=80, rows=24) as terminal:
+            await terminal.send("stty size\r")
+            await _until(terminal, b"24 80\r\n")
+            await terminal.resize(100, 30)
+            await terminal.send(b"stty size\r")
+            await _until(terminal, b"30 100\r\n")
+            await terminal.send("exit 4\r")
+            while await terminal.recv() is not None:
+                pass
+            assert (terminal.close_code, terminal.ended) == (1000, "exit 4")

@@ -16,6 +16,8 @@ HERE = Path(__file__).parent
 TEMPLATES = Jinja2Templates(directory=HERE / "templates")
 #: the chart library, installed from npm by scripts/setup-console.sh
 CHART_JS = HERE / "static" / "vendor" / "chart.js" / "dist" / "chart.umd.js"
+#: the terminal's (xterm.js and its fit addon), installed the same way
+XTERM_JS = HERE / "static" / "vendor" / "xterm" / "lib" / "xterm.js"
 
 
 def services_of(request: Request) -> Services:
@@ -29,6 +31,6 @@ def render(
     return TEMPLATES.TemplateResponse(
         request,
         template,
-        {"user": user, "chart_js": CHART_JS.exists(), **context},
+        {"user": user, "chart_js": CHART_JS.exists(), "xterm": XTERM_JS.exists(), **context},
         status_code=status,
     )

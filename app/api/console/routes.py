@@ -12,12 +12,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
-from starlette.routing import BaseRoute, Mount, Route
+from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
+from starlette.websockets import WebSocket
 
 from app.api.console import deletion as tenant_deletion
 from app.api.console import functions as function_pages
@@ -32,13 +34,16 @@ from app.api.v1 import keys as key_routes
 from app.api.v1 import run as run_routes
 from app.api.v1 import tenants as tenant_routes
 from app.api.v1.present import invocation_out
+from app.auth.principal import Principal
 from app.db import invocations as repo
 from app.db import tenants as tenant_repo
 from app.db.invocations import FINAL
 from app.errors import CorralError, NotFound
 from app.functions.languages import MAX_CODE_BYTES
 from app.invocations import projection
+from app.sandboxes import terminal
 from app.schemas.usage import UsageQuery
+from app.services import Services
 from app.usage import report as usage_report
 from app.usage.report import as_row
 
@@ -60,8 +65,8 @@ INVOCATION_EVERY_S = 1.0
 Page = Callable[[Request, User], Awaitable[Response]]
 
 
-def _sessions(request: Request) -> ConsoleSessions:
-    services = services_of(request)
+def _sessions(request: Request | WebSocket) -> ConsoleSessions:
+    services: Services = request.app.state.services
     admin_key = services.settings.admin_key
     return ConsoleSessions(
         services.sessions,
@@ -564,6 +569,31 @@ async def usage_page(request: Request, user: User) -> Response:
     )
 
 
+def same_origin(websocket: WebSocket) -> bool:
+    """Whether the connection comes from a page of this console: its ``Origin`` names the
+    host it connects to (a page of another site may open a WebSocket here, with the
+    browser sending the console's cookie: cross-site WebSocket hijacking)."""
+    origin = websocket.headers.get("origin")
+    if not origin:
+        return False
+    parts = urlsplit(origin)
+    return parts.scheme in ("http", "https") and parts.netloc == websocket.headers.get("host")
+
+
+async def sandbox_terminal(websocket: WebSocket) -> None:
+    """A sandbox's terminal for the signed-in tenant (``app.sandboxes.terminal``). The
+    operator's session is refused, as on the sandbox's page (acting in a sandbox is its
+    tenant's); so is a connection from another origin, before it is accepted."""
+    user = None
+    if same_origin(websocket):
+        user = await _sessions(websocket).resolve(websocket.cookies.get(COOKIE))
+    if user is None or not isinstance(user.principal, Principal):
+        await websocket.close(1008, "sign in to the console as the sandbox's tenant")
+        return
+    services: Services = websocket.app.state.services
+    await terminal.serve(websocket, services, user.principal, websocket.path_params["sandbox_id"])
+
+
 async def to_console(request: Request) -> Response:
     return RedirectResponse("/console", status_code=307)
 
@@ -684,5 +714,6 @@ def routes() -> list[BaseRoute]:
             )
             for name in ("pause", "resume", "kill")
         ),
+        WebSocketRoute("/console/sandboxes/{sandbox_id}/terminal", sandbox_terminal),
         Mount("/console/static", StaticFiles(directory=HERE / "static"), name="console-static"),
     ]

@@ -6,7 +6,7 @@ is authenticated (``app.api.e2b.auth``), routed to the node that holds the sandb
 
     /process.Process/Start|Connect          server streams (Connect), from the node's
                                             process table: started, data, end, keepalives
-    /process.Process/List|SendSignal|SendInput|CloseStdin     unary
+    /process.Process/List|SendSignal|SendInput|CloseStdin|Update     unary
     /process.Process/StreamInput            client stream of stdin
     /filesystem.Filesystem/Stat|ListDir|MakeDir|Move|Remove   unary
     /filesystem.Filesystem/CreateWatcher|GetWatcherEvents|RemoveWatcher   unary (one
@@ -25,7 +25,11 @@ entries (``resource_exhausted`` past them).
 A command runs as ``/bin/bash -l -c CMD`` (what the SDK sends), once the tenant's daily
 CPU budget allows (else ``resource_exhausted``: ``app.sandboxes.admission``), and outlives
 the stream that started it; ``Connect-Timeout-Ms`` is its timeout, which kills its whole session, as
-envd does. PTYs, ``Update`` and recursive watching are refused (``unimplemented``).
+envd does. ``Start`` with ``pty: {size}`` runs the command on a terminal of the sandbox's
+own (``wire.sandboxes.ExecRequest.pty``): its output comes as ``data: {pty}``, input goes
+as ``input: {pty}`` (SendInput, StreamInput), ``Update`` with ``pty: {size}`` resizes it;
+signals and ``Connect`` as for any process. Recursive watching is refused
+(``unimplemented``).
 """
 
 from __future__ import annotations
@@ -76,6 +80,7 @@ from wire.sandboxes import (
     ExecStarted,
     FileEntry,
     FsEvent,
+    PtySize,
 )
 
 log = logging.getLogger(__name__)
@@ -243,8 +248,7 @@ async def process_start(request: Request) -> Response:
         caller, node = await _node(request)
         await services(request).sandboxes.admission.cpu(caller.principal)
         message = await connect.first_request(request)
-        if message.get("pty"):
-            raise NotSupported("PTYs are not supported by Corral")
+        pty = _pty_size(message["pty"]) if message.get("pty") else None
         config = message.get("process") or {}
         if not isinstance(config, dict) or not isinstance(config.get("cmd"), str):
             raise BadRequest("process.cmd is required")
@@ -263,6 +267,7 @@ async def process_start(request: Request) -> Response:
                 stdin_open=bool(message.get("stdin")),
                 timeout_s=connect.timeout_s(request),
                 max_output_bytes=PROCESS_OUTPUT_BYTES,
+                pty=pty,
             ),
             tag=message.get("tag") if isinstance(message.get("tag"), str) else None,
         )
@@ -314,13 +319,24 @@ async def process_signal(request: Request) -> Response:
     return connect.unary_response({})
 
 
+def _pty_size(pty: object) -> PtySize:
+    """envd's ``PTY`` message (``{"size": {"cols", "rows"}}``) as the node's size."""
+    size = pty.get("size") if isinstance(pty, dict) else None
+    if not isinstance(size, dict):
+        raise BadRequest("pty.size is required")
+    try:
+        return PtySize(cols=int(size.get("cols") or 0), rows=int(size.get("rows") or 0))
+    except (TypeError, ValueError) as exc:
+        raise BadRequest("pty.size needs cols and rows of 1-1000") from exc
+
+
 def _stdin_bytes(message: Message) -> bytes:
+    """The bytes of envd's ``ProcessInput``: ``stdin`` or ``pty`` (a terminal's input:
+    both go to the process's input, a terminal's being its master)."""
     data = message.get("input")
     if not isinstance(data, dict):
         raise BadRequest("input is required")
-    if "pty" in data:
-        raise NotSupported("PTYs are not supported by Corral")
-    return base64.b64decode(str(data.get("stdin", "")), validate=True)
+    return base64.b64decode(str(data.get("pty", data.get("stdin", ""))), validate=True)
 
 
 async def process_send_input(request: Request) -> Response:
@@ -354,8 +370,15 @@ async def process_stream_input(request: Request) -> Response:
     return connect.stream_response(answer())
 
 
-async def process_unsupported(request: Request) -> Response:
-    raise NotSupported("PTY resizing is not supported by Corral")
+async def process_update(request: Request) -> Response:
+    """envd's ``Update``: a new size for the process's terminal (``pty.size``)."""
+    caller, node = await _node(request)
+    message = await connect.unary_request(request)
+    if not message.get("pty"):
+        raise BadRequest("pty is required")
+    pid = await _pid(message, node, caller.sandbox_id)
+    await node.resize(caller.sandbox_id, pid, _pty_size(message["pty"]))
+    return connect.unary_response({})
 
 
 # --- filesystem.Filesystem --------------------------------------------------------------
@@ -540,7 +563,7 @@ def routes() -> list[Route]:
         ("/process.Process/SendSignal", process_signal),
         ("/process.Process/SendInput", process_send_input),
         ("/process.Process/CloseStdin", process_close_stdin),
-        ("/process.Process/Update", process_unsupported),
+        ("/process.Process/Update", process_update),
         ("/filesystem.Filesystem/Stat", fs_stat),
         ("/filesystem.Filesystem/ListDir", fs_list),
         ("/filesystem.Filesystem/MakeDir", fs_make_dir),

@@ -57,6 +57,7 @@ from node.sandboxes.base import (
     SandboxPathError,
     SandboxUnresponsive,
     SnapshotFiles,
+    Unsupported,
     Usage,
 )
 from node.sandboxes.crun import bundle, freezer, mounts, spawn
@@ -562,6 +563,7 @@ class CrunBackend(SandboxBackend):
         meta = self._runnable(sandbox_id)
         account = await self._account(sandbox_id, meta, request.user or default_user)
         env = {
+            **({"TERM": "xterm-256color"} if request.pty is not None else {}),
             "PATH": bundle.DEFAULT_PATH,
             "HOME": account.home,
             "USER": account.name,
@@ -581,8 +583,11 @@ class CrunBackend(SandboxBackend):
                 gid=account.gid,
                 cwd=cwd,
                 sandbox_id=sandbox_id,
+                pty=request.pty,
             )
             return await self._started(sandbox_id, spawned, spawned.pid, request)
+        if request.pty is not None:
+            raise Unsupported(f"sandbox {sandbox_id} was made without a spawner: no terminals")
         spec = bundle.process(
             [bundle.INIT_PATH, "exec", *request.cmd],
             uid=account.uid,
@@ -637,7 +642,7 @@ class CrunBackend(SandboxBackend):
         processes.add(process)
         if request.stdin is not None:
             await process.write_stdin(request.stdin.encode())
-        if request.stdin is not None or not request.stdin_open:
+        if request.pty is None and (request.stdin is not None or not request.stdin_open):
             await process.close_stdin()
         return process
 

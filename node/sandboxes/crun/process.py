@@ -14,6 +14,12 @@ nobody reads a background command) stops reading the pipes, so the command block
 write as it would on a full pipe. When the command has exited, output its background
 children still write is read for a short grace period, then the pipes are closed (a
 daemon holding stdout must not hold the answer).
+
+A command on a terminal (``ExecRequest.pty``: only through the sandbox's init) has one
+output stream, ``pty``, read from the terminal's master with the same cap and flow
+control; past its cap it is read and dropped at most ``READ_CHUNK`` per
+``TERMINAL_DROP_S`` (the kernel cannot splice a terminal), so a flood costs the node
+little and the command is never stuck. Its input stays open; ``resize`` sets its size.
 """
 
 from __future__ import annotations
@@ -26,12 +32,13 @@ import signal
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 from node.pipes import PipeWriter
-from node.sandboxes.base import Process
+from node.sandboxes.base import NotATerminal, Process
+from node.sandboxes.crun import spawn
 from node.sandboxes.crun.discard import discard
-from wire.sandboxes import ExecEvent, ExecExit, ExecOutput, ExecStarted
+from wire.sandboxes import ExecEvent, ExecExit, ExecOutput, ExecStarted, PtySize
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +50,10 @@ QUEUED_OUTPUTS = 4
 #: how long the command's session may take to end after SIGKILL (a wedged init may never
 #: report it); then it is reported killed anyway
 KILL_WAIT_S = 5.0
+#: a terminal's output past its cap: at most one chunk read (and dropped) per interval
+TERMINAL_DROP_S = 0.01
+
+Stream = Literal["stdout", "stderr", "pty"]
 
 
 def _pipe_transport(stream: asyncio.StreamReader) -> asyncio.ReadTransport | None:
@@ -120,14 +131,20 @@ class CrunProcess(Process):
         self._flowing = asyncio.Event()  #: cleared by ``pause_output``
         self._flowing.set()
         self._discarding: set[str] = set()  #: streams past their cap, drained by the kernel
-        self._kept = {"stdout": 0, "stderr": 0}
-        self._dropped = {"stdout": 0, "stderr": 0}
+        self._terminal = bool(getattr(proc, "terminal", False))
+        self._kept = {"stdout": 0, "stderr": 0, "pty": 0}
+        self._dropped = {"stdout": 0, "stderr": 0, "pty": 0}
         self._signalled: int | None = None
         self._timed_out = False
         self._started = time.monotonic()
         self._task = asyncio.create_task(self._run(), name=f"exec-{host_pid}")
 
-    async def _read(self, stream: asyncio.StreamReader | None, name: str) -> None:
+    def _streams(self) -> list[tuple[Stream, asyncio.StreamReader | None]]:
+        if self._terminal:
+            return [("pty", self._proc.stdout)]
+        return [("stdout", self._proc.stdout), ("stderr", self._proc.stderr)]
+
+    async def _read(self, stream: asyncio.StreamReader | None, name: Stream) -> None:
         if stream is None:
             return
         while True:
@@ -142,6 +159,8 @@ class CrunProcess(Process):
                 self._kept[name] += len(kept)
                 await self._room.acquire()
                 self._queue.put_nowait(ExecOutput(stream=name, data=kept))
+            elif name == "pty":
+                await asyncio.sleep(TERMINAL_DROP_S)  # past the cap: read slowly, dropped
             elif (transport := _pipe_transport(stream)) is not None:
                 # past the cap (a whole chunk dropped): the kernel drains the rest
                 self._discarding.add(name)
@@ -150,9 +169,7 @@ class CrunProcess(Process):
 
     async def _run(self) -> None:
         self._queue.put_nowait(ExecStarted(pid=self.pid))
-        readers = asyncio.gather(
-            self._read(self._proc.stdout, "stdout"), self._read(self._proc.stderr, "stderr")
-        )
+        readers = asyncio.gather(*(self._read(stream, name) for name, stream in self._streams()))
         try:
             try:
                 code = await asyncio.wait_for(self._proc.wait(), self._timeout_s)
@@ -188,7 +205,7 @@ class CrunProcess(Process):
                 signal=sig,
                 timed_out=self._timed_out,
                 duration_ms=(time.monotonic() - self._started) * 1000,
-                stdout_truncated=self._dropped["stdout"] > 0,
+                stdout_truncated=self._dropped["stdout"] + self._dropped["pty"] > 0,
                 stderr_truncated=self._dropped["stderr"] > 0,
             )
         )
@@ -227,7 +244,7 @@ class CrunProcess(Process):
 
     def _transports(self) -> list[asyncio.ReadTransport]:
         found = []
-        for name, stream in (("stdout", self._proc.stdout), ("stderr", self._proc.stderr)):
+        for name, stream in self._streams():
             if stream is None or name in self._discarding or stream.at_eof():
                 continue
             transport = _pipe_transport(stream)
@@ -260,8 +277,15 @@ class CrunProcess(Process):
         await stdin.drain()
 
     async def close_stdin(self) -> None:
-        if self._proc.stdin is not None:
-            self._proc.stdin.close()
+        if self._proc.stdin is not None and not self._terminal:
+            self._proc.stdin.close()  # a terminal's input is open as long as it is
+
+    async def resize(self, size: PtySize) -> None:
+        stdin = self._proc.stdin
+        if not self._terminal or stdin is None or stdin.is_closing():
+            raise NotATerminal(f"process {self.pid} has no terminal")
+        assert isinstance(stdin, PipeWriter)
+        spawn.resize(stdin.fileno(), size)
 
     async def kill(self) -> None:
         await self._kill_session(signal.SIGKILL)

@@ -9,6 +9,13 @@ for, with the node's pipes as its stdio (node/sandboxes/guest/corral-init.c desc
 protocol). The command's pid as the host sees it comes with SCM_CREDENTIALS (translated
 by the kernel); its wait status when it ends. ``Spawned`` looks to ``CrunProcess`` like
 the ``asyncio.subprocess.Process`` of a ``crun exec``.
+
+A command on a terminal (``pty``) gets no pipes: the init's child allocates the terminal
+inside the sandbox and sends its master back with the 'P'. The node never opens a path of
+the sandbox for it, and takes the descriptor only if it is a terminal's master (a
+character device 5:2, which answers TIOCGPTN): anything else a hostile sandbox could
+pass is closed and the command refused. The node's stdin writer and stdout reader are
+that master (two descriptors of it); resizing is TIOCSWINSZ on it.
 """
 
 from __future__ import annotations
@@ -16,18 +23,26 @@ from __future__ import annotations
 import array
 import asyncio
 import contextlib
+import fcntl
 import os
 import signal
 import socket
+import stat
 import struct
+import termios
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from node.pipes import PipeReader, PipeWriter
 from node.sandboxes.base import SandboxUnresponsive
+from wire.sandboxes import PtySize
 
 SOCKET_NAME = "spawn.sock"
 _UCRED = struct.Struct("iII")
+_WINSIZE = struct.Struct("HHHH")
+#: a terminal's master, as its ptmx device: /dev/ptmx and every devpts instance's ptmx
+PTMX = (5, 2)
+_TIOCGPTN = getattr(termios, "TIOCGPTN", 0x80045430)
 #: the longest wait for the sandbox's init to take a command and start it
 START_S = 10.0
 
@@ -64,11 +79,41 @@ def listener(path: Path) -> socket.socket:
     return sock
 
 
-def _request(argv: list[str], env: Mapping[str, str], uid: int, gid: int, cwd: str) -> bytes:
-    fields = [str(uid), str(gid), cwd, str(len(argv)), *argv]
+def _request(
+    argv: list[str],
+    env: Mapping[str, str],
+    uid: int,
+    gid: int,
+    cwd: str,
+    pty: PtySize | None = None,
+) -> bytes:
+    fields = [] if pty is None else ["pty", str(pty.cols), str(pty.rows)]
+    fields += [str(uid), str(gid), cwd, str(len(argv)), *argv]
     fields += [f"{k}={v}" for k, v in env.items()]
     body = b"".join(f.encode() + b"\0" for f in fields)
     return struct.pack("<I", len(body)) + body
+
+
+def is_master(fd: int) -> bool:
+    """Whether ``fd`` is a terminal's master (what a sandbox's init must send for a
+    command on a terminal), open for reading and writing."""
+    try:
+        info = os.fstat(fd)
+        device = (os.major(info.st_rdev), os.minor(info.st_rdev))
+        if not stat.S_ISCHR(info.st_mode) or device != PTMX:
+            return False
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDWR:
+            return False
+        fcntl.ioctl(fd, _TIOCGPTN, b"\0\0\0\0")
+    except OSError:
+        return False
+    return True
+
+
+def resize(fd: int, size: PtySize) -> None:
+    """Set the size of the terminal whose master is ``fd`` (the kernel signals SIGWINCH
+    to its foreground process group)."""
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, _WINSIZE.pack(size.rows, size.cols, 0, 0))
 
 
 class Spawned:
@@ -79,6 +124,8 @@ class Spawned:
         self.stdin: PipeWriter | None = None
         self.stdout: asyncio.StreamReader | None = None
         self.stderr: asyncio.StreamReader | None = None
+        #: a command on a terminal: ``stdin`` and ``stdout`` are its master's
+        self.terminal = False
         self.pid = 0  #: the host's pid of the command (0 if it never started)
         self.returncode: int | None = None
         self._ended: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -93,12 +140,14 @@ class Spawned:
         for reading in self._readers:
             reading.close()
 
-    async def _receive(self, size: int) -> tuple[bytes, int | None]:
-        """Up to ``size`` bytes and the sender's pid if credentials came with them."""
+    async def _receive(self, size: int) -> tuple[bytes, int | None, list[int]]:
+        """Up to ``size`` bytes, the sender's pid if credentials came with them, and the
+        descriptors that came with them (at most one is taken: the rest are closed)."""
         loop = asyncio.get_running_loop()
+        room = socket.CMSG_SPACE(_UCRED.size) + socket.CMSG_SPACE(4)
         while True:
             try:
-                data, ancillary, _flags, _ = self._sock.recvmsg(size, socket.CMSG_SPACE(12))
+                data, ancillary, flags, _ = self._sock.recvmsg(size, room, socket.MSG_CMSG_CLOEXEC)
             except BlockingIOError:
                 ready = loop.create_future()
                 loop.add_reader(self._sock.fileno(), ready.set_result, None)
@@ -108,24 +157,40 @@ class Spawned:
                     loop.remove_reader(self._sock.fileno())
                 continue
             pid = None
+            fds: list[int] = []
             for level, kind, payload in ancillary:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
                     pid = _UCRED.unpack(payload[: _UCRED.size])[0]
-            return data, pid
+                elif level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    whole = len(payload) - len(payload) % 4
+                    fds += array.array("i", payload[:whole]).tolist()
+            if flags & socket.MSG_CTRUNC or len(fds) > 1:
+                for fd in fds:
+                    os.close(fd)
+                fds = []
+            return data, pid, fds
 
-    async def _started(self, sandbox: str) -> None:
+    async def _started(self, sandbox: str, terminal: bool = False) -> int | None:
         """Wait for the command's 'P' (or its end, if it never got that far), at most
-        ``START_S``: an init that does not answer fails the exec, it does not hang it."""
+        ``START_S``: an init that does not answer fails the exec, it does not hang it.
+        ``terminal``: the 'P' must carry the terminal's master, returned."""
         try:
             async with asyncio.timeout(START_S):
-                data, pid = await self._receive(1)
+                data, pid, fds = await self._receive(1)
         except TimeoutError:
             raise SandboxUnresponsive(
                 f"{sandbox}'s init did not start the command within {START_S:g} s"
             ) from None
+        master = fds[0] if fds else None
+        if master is not None and not (terminal and is_master(master)):
+            os.close(master)  # nothing but a terminal's master is taken from a sandbox
+            master = None
         if data == b"P" and pid:
             self.pid = pid
             self._watcher = asyncio.create_task(self._watch(b""))
+            if terminal and master is None:
+                self.kill()
+                raise SpawnRefused(f"{sandbox}'s init sent no terminal for the command")
         else:
             self._watcher = asyncio.create_task(self._watch(data))
             if data[:1] == b"E":
@@ -133,11 +198,16 @@ class Spawned:
                     f"{sandbox}'s init could not start the command "
                     "(its processes may be at their limit)"
                 )
+            if terminal:  # ended before its 'P': it never had its terminal
+                raise SpawnRefused(f"{sandbox}'s init could not give the command a terminal")
+        return master
 
     async def _watch(self, pending: bytes) -> None:
         try:
             while len(pending) < 5:
-                data, _ = await self._receive(5 - len(pending))
+                data, _, fds = await self._receive(5 - len(pending))
+                for fd in fds:
+                    os.close(fd)
                 if not data:
                     raise ConnectionError("the sandbox's init closed the connection")
                 pending += data
@@ -171,8 +241,10 @@ async def spawn(
     gid: int,
     cwd: str,
     sandbox_id: str | None = None,
+    pty: PtySize | None = None,
 ) -> Spawned:
-    """Start ``argv`` in the sandbox (``sandbox_id``) whose init listens at ``path``."""
+    """Start ``argv`` in the sandbox (``sandbox_id``) whose init listens at ``path``: with
+    the node's pipes as its stdio, or on a terminal of ``pty``'s size."""
     name = f"sandbox {sandbox_id or path.parent.name}"
     loop = asyncio.get_running_loop()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
@@ -189,13 +261,14 @@ async def spawn(
                 raise SandboxUnresponsive(
                     f"{name}'s init did not take the command within {START_S:g} s"
                 ) from None
-        for node_reads in (False, True, True):
+        for node_reads in (False, True, True) if pty is None else ():
             read_end, write_end = os.pipe2(os.O_CLOEXEC)
             ours.append(read_end if node_reads else write_end)
             theirs.append(write_end if node_reads else read_end)
-        message = _request(argv, env, uid, gid, cwd)
+        message = _request(argv, env, uid, gid, cwd, pty)
         fds = array.array("i", theirs)
-        sent = sock.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)] if theirs else []
+        sent = sock.sendmsg([message], rights)
         if sent < len(message):
             await loop.sock_sendall(sock, message[sent:])
     except BaseException:
@@ -206,6 +279,8 @@ async def spawn(
     for fd in theirs:
         os.close(fd)
     process = Spawned(sock)
+    if pty is not None:
+        return await _on_terminal(process, name)
     # not the loop's pipe transports: ``node.pipes`` says why
     process.stdin = PipeWriter(ours[0])
     readers = [asyncio.StreamReader(limit=1 << 20, loop=loop) for _ in ours[1:]]
@@ -217,4 +292,29 @@ async def spawn(
         process.close()
         sock.close()
         raise
+    return process
+
+
+async def _on_terminal(process: Spawned, name: str) -> Spawned:
+    """The command's terminal: its master as the command's stdin and output."""
+    try:
+        master = await process._started(name, terminal=True)
+    except BaseException:
+        if process._watcher is None:
+            process._sock.close()
+        raise
+    assert master is not None
+    try:
+        writing = os.dup(master)
+        fcntl.fcntl(writing, fcntl.F_SETFD, fcntl.FD_CLOEXEC)
+    except OSError:
+        os.close(master)
+        process.kill()
+        raise
+    loop = asyncio.get_running_loop()
+    process.stdin = PipeWriter(writing)
+    process.terminal = True
+    reader = asyncio.StreamReader(limit=1 << 20, loop=loop)
+    process._readers = [PipeReader(master, reader)]
+    process.stdout = reader
     return process

@@ -29,7 +29,10 @@
  * connection. A command that cannot start says why on its stderr and exits 126 (127: not
  * found). corral-init never blocks on a command: it only waits for the node's request,
  * bounded by a receive timeout. A request whose first field is "file" is a file
- * operation instead, done by a child that never execs ("file operations" below).
+ * operation instead, done by a child that never execs ("file operations" below). One
+ * whose first fields are "pty", COLS, ROWS, with no descriptor, is a command on a
+ * terminal the child allocates inside the sandbox (pty_child): its master comes back
+ * with 'P' (SCM_RIGHTS beside the credentials).
  *
  * Static, so it runs in any image.
  */
@@ -45,6 +48,7 @@
 #include <string.h>
 #include <dirent.h>
 #include <limits.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
@@ -53,12 +57,14 @@
 #include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 #define LISTEN_FD 3
 #define MAX_REQUEST (4u << 20)
 #define MAX_FIELDS 65536
 #define MAX_COMMANDS 4096
+#define PTY_REQUEST "pty"
 
 extern char **environ;
 
@@ -149,41 +155,43 @@ static int fields(char *data, uint32_t size, char **out, int most) {
     return n;
 }
 
+static int number(const char *text, unsigned long long most, unsigned long long *out);
+
 static _Noreturn void fail(const char *what, const char *detail, int code) {
     dprintf(2, "corral-init: %s %s: %s\n", what, detail, strerror(errno));
     _exit(code);
 }
 
-static _Noreturn void child(int conn, int fds[3], char **f, int nf) {
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, NULL);
-    for (int i = 0; i < 3; i++) {
-        if (dup2(fds[i], i) < 0)
-            _exit(126);
-    }
-    for (int i = 0; i < 3; i++) {
-        if (fds[i] > 2)
-            close(fds[i]);
-    }
-    setsid();
+/* The command of a request (fields from "uid" on), its stdio and session in place: take
+ * the user, send 'P' (with `master`, a terminal's, if not -1), exec. */
+static _Noreturn void run_command(int conn, char **f, int nf, int master) {
     uid_t uid = (uid_t)strtoul(f[0], NULL, 10);
     gid_t gid = (gid_t)strtoul(f[1], NULL, 10);
     if (setgroups(1, &gid) < 0 || setgid(gid) < 0 || setuid(uid) < 0)
         fail("cannot become", f[0], 126);
     struct ucred cred = {getpid(), getuid(), getgid()};
-    char control[CMSG_SPACE(sizeof cred)];
+    char control[CMSG_SPACE(sizeof cred) + CMSG_SPACE(sizeof master)];
     memset(control, 0, sizeof control);
     char tag = 'P';
     struct iovec iov = {&tag, 1};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1,
-                         .msg_control = control, .msg_controllen = sizeof control};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control,
+                         .msg_controllen = CMSG_SPACE(sizeof cred)};
     struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
     cm->cmsg_level = SOL_SOCKET;
     cm->cmsg_type = SCM_CREDENTIALS;
     cm->cmsg_len = CMSG_LEN(sizeof cred);
     memcpy(CMSG_DATA(cm), &cred, sizeof cred);
+    if (master >= 0) {
+        msg.msg_controllen = sizeof control;
+        cm = CMSG_NXTHDR(&msg, cm);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof master);
+        memcpy(CMSG_DATA(cm), &master, sizeof master);
+    }
     sendmsg(conn, &msg, MSG_NOSIGNAL);
+    if (master >= 0)
+        close(master);
     if (chdir(f[2]) < 0)
         fail("cannot enter", f[2], 126);
     int argc = atoi(f[3]);
@@ -198,6 +206,62 @@ static _Noreturn void child(int conn, int fds[3], char **f, int nf) {
     environ = env; /* execvp searches the command's own PATH */
     execvp(args[0], args);
     fail("cannot run", args[0], errno == ENOENT ? 127 : 126);
+}
+
+static void unblock_signals(void) {
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+}
+
+/* A command with the node's pipes as its stdio. */
+static _Noreturn void child(int conn, int fds[3], char **f, int nf) {
+    unblock_signals();
+    for (int i = 0; i < 3; i++) {
+        if (dup2(fds[i], i) < 0)
+            _exit(126);
+    }
+    for (int i = 0; i < 3; i++) {
+        if (fds[i] > 2)
+            close(fds[i]);
+    }
+    setsid();
+    run_command(conn, f, nf, -1);
+}
+
+/* A command on a terminal of its own (a request "pty", COLS, ROWS, then a command's
+ * fields, with no descriptor). The terminal is the sandbox's: a pair of its own devpts
+ * instance (/dev/ptmx, the slave opened through the master, never by a path), the
+ * slave given to the user, sized, made the new session's controlling terminal and the
+ * command's stdin, stdout and stderr. The master goes to the node with 'P' (the node
+ * checks it is one before it uses it); nothing else of the sandbox reaches the node. */
+static _Noreturn void pty_child(int conn, char **f, int nf) {
+    unblock_signals();
+    unsigned long long cols, rows;
+    if (nf < 8 || number(f[1], 0xffff, &cols) < 0 || number(f[2], 0xffff, &rows) < 0)
+        _exit(126);
+    f += 3;
+    nf -= 3;
+    setsid();
+    int master = open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC);
+    int unlock = 0, slave = -1;
+    if (master >= 0 && ioctl(master, TIOCSPTLCK, &unlock) == 0)
+        slave = ioctl(master, TIOCGPTPEER, O_RDWR | O_NOCTTY);
+    if (slave < 0)
+        _exit(126);
+    struct winsize size = {.ws_row = (unsigned short)rows, .ws_col = (unsigned short)cols};
+    uid_t uid = (uid_t)strtoul(f[0], NULL, 10);
+    gid_t gid = (gid_t)strtoul(f[1], NULL, 10);
+    if (fchown(slave, uid, gid) < 0 || ioctl(slave, TIOCSWINSZ, &size) < 0 ||
+        ioctl(slave, TIOCSCTTY, 0) < 0)
+        _exit(126);
+    for (int i = 0; i < 3; i++) {
+        if (dup2(slave, i) < 0)
+            _exit(126);
+    }
+    if (slave > 2)
+        close(slave);
+    run_command(conn, f, nf, master);
 }
 
 /* --- file operations ------------------------------------------------------------------
@@ -887,7 +951,11 @@ static void spawn(int conn) {
         free(data);
         return;
     }
-    pid_t pid = (nfds == 3 && nf >= 5 && ncommands < MAX_COMMANDS) ? fork() : -1;
+    int pty = nf >= 1 && strcmp(f[0], PTY_REQUEST) == 0;
+    int ok = pty ? nfds == 0 && nf >= 8 : nfds == 3 && nf >= 5;
+    pid_t pid = (ok && ncommands < MAX_COMMANDS) ? fork() : -1;
+    if (pid == 0 && pty)
+        pty_child(conn, f, nf);
     if (pid == 0)
         child(conn, fds, f, nf);
     for (int i = 0; i < nfds; i++)

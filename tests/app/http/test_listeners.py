@@ -146,3 +146,16 @@ def test_the_keyless_unix_socket_is_private(
     finally:
         os.umask(old)
     assert not path.exists()
+
+
+def test_the_api_listener_pings_idle_websockets_and_bounds_their_messages(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """A sandbox's terminal may be silent for long: the server pings it (a proxy keeps
+    it, a vanished client is noticed) and takes messages of a bounded size."""
+    from app.http.listeners import WS_MAX_BYTES, WS_PING_S, api_config
+
+    settings = make_settings()
+    config = api_config(create_app(settings), settings)
+    assert config.ws_ping_interval == WS_PING_S and config.ws_ping_timeout == WS_PING_S
+    assert config.ws_max_size == WS_MAX_BYTES

@@ -5,7 +5,9 @@ text alike."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import pytest
 import pytest_asyncio
 from starlette.applications import Starlette
 
+from app.errors import Conflict
 from app.sandboxes.nodes import NodeClient
 from node.agent import local
 from node.sandboxes.base import RootImage
@@ -21,7 +24,7 @@ from node.sandboxes.http import sandbox_routes
 from node.sandboxes.manager import SandboxManager
 from tests.node.sandboxes.conftest import spec, started_backend, write_file
 from wire.processes import StartProcess
-from wire.sandboxes import ExecRequest, collect
+from wire.sandboxes import ExecExit, ExecOutput, ExecRequest, ExecStarted, PtySize, collect
 
 pytestmark = pytest.mark.crun
 
@@ -73,3 +76,40 @@ async def test_a_background_process_output_reaches_the_gateway_byte_for_byte(
     start = StartProcess(request=ExecRequest(cmd=["sh", "-c", "cat split binary"]))
     result = await collect(node.start_process("sbx-bytes", start))
     assert result.exit_code == 0 and result.stdout == SPLIT + BINARY
+
+
+async def test_a_terminal_through_the_nodes_api_takes_input_resizes_and_is_killed(
+    node: NodeClient,
+) -> None:
+    request = ExecRequest(cmd=["sh"], pty=PtySize(cols=80, rows=24), timeout_s=30)
+    events = aiter(node.start_process("sbx-bytes", StartProcess(request=request)))
+    started = await anext(events)
+    assert isinstance(started, ExecStarted)
+    seen = b""
+
+    async def until(text: bytes) -> None:
+        nonlocal seen
+        while text not in seen:
+            event = await asyncio.wait_for(anext(events), 10)
+            assert isinstance(event, ExecOutput) and event.stream == "pty"
+            seen += event.data
+
+    await node.write_stdin("sbx-bytes", started.pid, b"stty size\n")
+    await until(b"24 80\r\n")
+    await node.resize("sbx-bytes", started.pid, PtySize(cols=100, rows=30))
+    await node.write_stdin("sbx-bytes", started.pid, b"stty size\n")
+    await until(b"30 100\r\n")
+    await node.signal_process("sbx-bytes", started.pid, int(signal.SIGKILL))
+    rest = [event async for event in events]
+    assert isinstance(rest[-1], ExecExit) and rest[-1].signal == signal.SIGKILL
+
+
+async def test_resizing_a_process_without_a_terminal_is_a_conflict(node: NodeClient) -> None:
+    request = ExecRequest(cmd=["sleep", "30"], timeout_s=30)
+    events = aiter(node.start_process("sbx-bytes", StartProcess(request=request)))
+    started = await anext(events)
+    assert isinstance(started, ExecStarted)
+    with pytest.raises(Conflict, match="no terminal"):
+        await node.resize("sbx-bytes", started.pid, PtySize(cols=100, rows=30))
+    await node.signal_process("sbx-bytes", started.pid, int(signal.SIGKILL))
+    assert [event async for event in events]

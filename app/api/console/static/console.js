@@ -254,3 +254,40 @@ window.addEventListener("load", () => {
   counts.dataset.drawn = "true";
   latency.dataset.drawn = "true";
 });
+
+// A sandbox's terminal: xterm.js over the console's WebSocket (binary frames both ways,
+// a JSON text frame to resize; the close says how the shell ended).
+window.addEventListener("load", () => {
+  const box = document.getElementById("terminal");
+  const status = document.getElementById("terminal-status");
+  if (!box || !window.Terminal || !window.FitAddon || !window.WebSocket) return;
+  const term = new window.Terminal({ cursorBlink: true, convertEol: false, fontSize: 14 });
+  const fit = new window.FitAddon.FitAddon();
+  term.loadAddon(fit);
+  term.open(box);
+  fit.fit();
+  const scheme = location.protocol === "https:" ? "wss:" : "ws:";
+  const url = `${scheme}//${location.host}${box.dataset.terminal}?cols=${term.cols}&rows=${term.rows}`;
+  const socket = new WebSocket(url);
+  socket.binaryType = "arraybuffer";
+  const encoder = new TextEncoder();
+  socket.addEventListener("open", () => {
+    status.textContent = "connected";
+    box.dataset.connected = "true";
+    term.focus();
+  });
+  socket.addEventListener("message", (event) => {
+    if (event.data instanceof ArrayBuffer) term.write(new Uint8Array(event.data));
+  });
+  socket.addEventListener("close", (event) => {
+    status.textContent = `closed: ${event.reason || "code " + event.code}`;
+    box.dataset.closed = String(event.code);
+  });
+  term.onData((data) => {
+    if (socket.readyState === WebSocket.OPEN) socket.send(encoder.encode(data));
+  });
+  term.onResize(({ cols, rows }) => {
+    if (socket.readyState === WebSocket.OPEN) socket.send(JSON.stringify({ type: "resize", cols, rows }));
+  });
+  window.addEventListener("resize", () => fit.fit());
+});

@@ -17,9 +17,10 @@ from typing import Any
 import httpx
 import pytest
 
+from app.api.console.render import XTERM_JS
 from tests.app.api.v1.test_sandboxes import add_busybox
 from tests.conftest import ADMIN_KEY
-from tests.requirements import require_tool
+from tests.requirements import missing, require_tool
 
 pytestmark = pytest.mark.browser
 
@@ -482,3 +483,45 @@ def test_a_tenant_runs_real_code_and_a_real_container_from_the_console(
     finally:
         context.close()
     assert leftovers(tmp_path / "data", sandbox_id) == []
+
+
+@pytest.mark.crun
+def test_a_tenant_types_into_a_sandboxs_terminal(
+    browser: Any, live_server: Callable[..., str], tmp_path: Path, shots: Path
+) -> None:
+    """The sandbox page's terminal (xterm.js over the console's WebSocket) on a real crun
+    sandbox: what is typed runs in the sandbox's shell, its answer shows."""
+    if not XTERM_JS.exists():
+        missing("xterm.js is not vendored (scripts/setup-console.sh)")
+    images = tmp_path / "images"
+    add_busybox(images)
+    url = live_server(sandbox_backends=["crun"], images_dir=images)
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    made = httpx.post(f"{url}/v1/tenants", json={"name": "term-team"}, headers=admin).json()
+    headers = {"Authorization": f"Bearer {made['key']['api_key']}"}
+    sandbox = httpx.post(
+        f"{url}/v1/sandboxes", json={"image": "busybox", "backend": "crun"}, headers=headers
+    )
+    assert sandbox.status_code == 201, sandbox.text
+    sandbox_id = sandbox.json()["id"]
+    context = browser.new_context(viewport=WIDE)
+    try:
+        page = context.new_page()
+        sign_in(page, url, made["key"]["api_key"])
+        page.goto(f"{url}/console/sandboxes/{sandbox_id}")
+        page.wait_for_selector("#terminal[data-connected]", timeout=20_000)
+        page.click("#terminal")
+        page.keyboard.type("echo $((6*7))")
+        page.keyboard.press("Enter")
+        page.wait_for_function(
+            "document.querySelector('#terminal .xterm-rows').innerText.includes('\\n42')",
+            timeout=20_000,
+        )
+        page.screenshot(path=shots / "sandbox-terminal.png", full_page=True)
+        page.keyboard.type("exit 3")
+        page.keyboard.press("Enter")
+        page.wait_for_selector("#terminal[data-closed='1000']", timeout=20_000)
+        assert page.inner_text("#terminal-status") == "closed: exit 3"
+    finally:
+        context.close()
+        httpx.delete(f"{url}/v1/sandboxes/{sandbox_id}", headers=headers, timeout=60)

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
+from starlette.websockets import WebSocketDisconnect
 
 from tests.app.api.v1.test_invocations import Tenant, run
 from tests.app.api.v1.test_sandboxes import sandbox_client, sandbox_settings, tenant
@@ -377,3 +378,51 @@ def test_a_tenant_works_in_a_sandbox_and_the_operator_only_looks(
     [(name, figures), done] = server_sent(client, f"/console/sandboxes/{sandbox_id}/live")
     assert (name, figures["state"], done) == ("sandbox", "stopped", ("done", {}))
     assert client.get("/console/sandboxes/sbx_nope/live").status_code == 404
+
+
+def test_a_sandboxs_terminal_is_its_tenants_and_only_from_the_consoles_own_pages(
+    sandbox_client: TestClient, tenant: dict[str, Any]
+) -> None:
+    client = sandbox_client
+    csrf = sign_in(client, tenant["headers"]["Authorization"].removeprefix("Bearer "))
+    made = client.post(
+        "/console/sandboxes",
+        data={"csrf": csrf, "image": "python", "backend": "fake", "memory_mb": "256"},
+    )
+    sandbox_id = re.search(r"Sandbox <code>(sbx_[^<]+)</code>", made.text).group(1)  # type: ignore[union-attr]
+    assert 'id="terminal-card"' in made.text
+    url = f"/console/sandboxes/{sandbox_id}/terminal?cols=80&rows=24"
+    own = {"origin": "http://testserver"}
+    with client.websocket_connect(url, headers=own) as ws:
+        seen = b""
+        ws.send_bytes(b"stty size\r")
+        while b"24 80\r\n" not in seen:
+            seen += ws.receive_bytes()
+        ws.send_text(json.dumps({"type": "resize", "cols": 100, "rows": 30}))
+        ws.send_bytes(b"stty size\r")
+        while b"30 100\r\n" not in seen:
+            seen += ws.receive_bytes()
+        ws.send_bytes(b"exit 2\r")
+        while True:
+            message = ws.receive()
+            if message["type"] == "websocket.close":
+                break
+        assert (message["code"], message["reason"]) == (1000, "exit 2")
+    # a page of another site (the browser sends the console's cookie with it), or none
+    for headers in ({"origin": "http://evil.example"}, {}):
+        with (
+            pytest.raises(WebSocketDisconnect) as refused,
+            client.websocket_connect(url, headers=headers) as ws,
+        ):
+            ws.receive()
+        assert refused.value.code == 1008
+    # the operator sees the page, not the terminal
+    client.cookies.clear()
+    sign_in(client, ADMIN_KEY)
+    assert 'id="terminal-card"' not in client.get(f"/console/sandboxes/{sandbox_id}").text
+    with (
+        pytest.raises(WebSocketDisconnect) as refused,
+        client.websocket_connect(url, headers=own) as ws,
+    ):
+        ws.receive()
+    assert refused.value.code == 1008

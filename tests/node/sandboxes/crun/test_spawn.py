@@ -5,8 +5,10 @@ believes; an init that says nothing fails the command in bounded time (review #8
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
+import os
 import signal
 import socket
 import threading
@@ -17,6 +19,7 @@ import pytest
 
 from node.sandboxes.base import SandboxUnresponsive
 from node.sandboxes.crun import spawn
+from wire.sandboxes import PtySize
 
 KILLED = -int(signal.SIGKILL)
 #: starts a fake init that handles one connection as the behaviour given says
@@ -98,3 +101,40 @@ async def test_an_init_that_never_answers_fails_the_command_in_bounded_time(
     with pytest.raises(SandboxUnresponsive, match="did not start the command"):
         await asyncio.wait_for(started(path), 5)
     hold.set()
+
+
+async def test_a_terminal_must_come_as_a_terminals_master_or_the_command_is_refused(
+    fake_init: FakeInit, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a hijacked init answers a terminal's request with a pipe (it could be any file)
+    read_end, write_end = os.pipe()
+    killed: list[tuple[int, int]] = []
+    monkeypatch.setattr(os, "kill", lambda pid, signum: killed.append((pid, signum)))
+
+    def forged(conn: socket.socket) -> None:
+        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [read_end]))]
+        conn.sendmsg([b"P"], rights)
+        os.close(read_end)
+
+    path = fake_init(forged)
+    with pytest.raises(spawn.SpawnRefused, match="no terminal"):
+        await spawn.spawn(
+            path, ["sh"], env={}, uid=1000, gid=1000, cwd="/", pty=PtySize(cols=80, rows=24)
+        )
+    assert killed and killed[0][1] == signal.SIGKILL  # the command it says it started
+    with pytest.raises(BrokenPipeError):  # the node kept no descriptor of the pipe
+        os.write(write_end, b"x")
+    os.close(write_end)
+
+
+def test_only_a_terminals_master_is_taken(tmp_path: Path) -> None:
+    master, slave = os.openpty()
+    read_end, write_end = os.pipe()
+    (tmp_path / "file").write_text("x")
+    plain = os.open(tmp_path / "file", os.O_RDWR)
+    try:
+        assert spawn.is_master(master)
+        assert not any(spawn.is_master(fd) for fd in (slave, read_end, write_end, plain))
+    finally:
+        for fd in (master, slave, read_end, write_end, plain):
+            os.close(fd)
