@@ -115,6 +115,10 @@ def image_get(ref: str) -> Call:
     return Call("GET", f"/v1/images/{_seg(ref)}")
 
 
+def image_delete(name: str) -> tuple[str, str]:
+    return "DELETE", f"/v1/images/{_seg(name)}"
+
+
 def function_list() -> Call:
     return Call("GET", "/v1/functions")
 

@@ -138,11 +138,11 @@ def images_ls(local: bool, url: str, api_key: str | None) -> None:
         click.echo(_image_line(image))
 
 
-def _row(name: str, digest: str, size_bytes: int, created: str) -> str:
+def _row(name: str, digest: str | None, size_bytes: int, created: str) -> str:
     import datetime
 
     when = datetime.datetime.fromisoformat(created).astimezone().strftime("%Y-%m-%d %H:%M")
-    short = digest.removeprefix("sha256:")[:12]
+    short = digest.removeprefix("sha256:")[:12] if digest else "(tenant's)"
     return f"{name or '<none>':<24} {short:<12} {f'{size_bytes / 1e6:.1f} MB':>10}  {when}"
 
 
