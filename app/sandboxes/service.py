@@ -214,6 +214,8 @@ class Sandboxes:
         ttl_s = inherited if ttl_s is None else lifetime.create_ttl(ttl_s, lifetime_s)
         ask = Ask.of(spec)
         await self.precheck(principal, ask)
+        # env values are not recorded; a tenant's image's are its own, so kept
+        owned = await self.owned.find(principal.tenant_id, source.image)
         snapshot = await self.snapshot(principal, sandbox_id)
         body = CreateSandbox(
             backend=source.backend,
@@ -225,6 +227,7 @@ class Sandboxes:
             idle_timeout_s=spec.get("idle_timeout_s"),
             user=str(spec.get("user", "user")),
             workdir=spec.get("workdir"),
+            env=dict(owned.env) if owned is not None else {},
             metadata={**(source.meta or {}), **metadata, "forked_from": sandbox_id},
             snapshot_id=snapshot.id,
         )

@@ -90,6 +90,15 @@ def none_left(api: httpx.Client) -> list[dict[str, Any]]:
     return left
 
 
+def deleted_soon(api: httpx.Client, path: str) -> httpx.Response:
+    """``DELETE path`` once no sandbox is built on it any more (a destroyed sandbox is
+    torn down off the destroy's path), or its 409 after 30 s."""
+    deadline = time.monotonic() + 30
+    while (answer := api.delete(path)).status_code == 409 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return answer
+
+
 @pytest.fixture
 def url(live_server: Callable[..., str]) -> str:
     return live_server(sandbox_backends=["crun"], images_dir=python_images_dir())
@@ -134,6 +143,12 @@ def test_a_tenant_builds_an_image_and_makes_sandboxes_of_it(url: str) -> None:
         inside, host, count = out[1].split()  # the build's root: a mapped id of the host
         assert (inside, count) == ("0", "65536") and int(host) > 0, out[1]
         assert out[2:] == ["notes", "hello from tenant", "user", "user", "clean", "/home/user/work"]
+        forked = api.post(f"/v1/sandboxes/{sbx['id']}/fork", json={"count": 1}).json()
+        (fork,) = forked["sandboxes"]
+        echo = {"command": "echo $GREETING; pwd; cat $APP/ran.txt"}
+        again = api.post(f"/v1/sandboxes/{fork['id']}/exec", json=echo).json()
+        assert again["stdout"] == "hello from tenant\n/home/user/work\napp ran\n", again
+        api.delete(f"/v1/sandboxes/{fork['id']}")
         in_use = api.delete("/v1/images/my-app")
         assert in_use.status_code == 409, in_use.text  # a sandbox is made of it
         api.delete(f"/v1/sandboxes/{sbx['id']}")
@@ -152,13 +167,13 @@ def test_a_tenant_builds_an_image_and_makes_sandboxes_of_it(url: str) -> None:
         assert env.json()["stdout"] == "hello from tenant\n", env.text
         api.delete(f"/v1/sandboxes/{e2b_id}")
         assert none_left(api) == []
-        deadline = time.monotonic() + 30
-        while (gone := api.delete("/v1/images/my-app")).status_code == 409:
-            assert time.monotonic() < deadline, gone.text  # its teardown, off the path
-            time.sleep(0.2)
+        on_it = api.delete("/v1/images/my-app")
+        assert on_it.status_code == 409, on_it.text  # the fork's snapshot is built on it
+        assert deleted_soon(api, f"/v1/snapshots/{forked['snapshot']['id']}").status_code == 204
+        gone = deleted_soon(api, "/v1/images/my-app")
         assert gone.status_code == 204, gone.text
         assert api.get("/v1/images/my-app").status_code == 404
-        assert api.get("/v1/snapshots").json()["snapshots"] == []
+        assert api.get("/v1/snapshots").json()["snapshots"] == []  # the image's went with it
 
 
 def test_a_failing_run_gives_its_error_line_and_no_image(url: str) -> None:
@@ -276,3 +291,28 @@ def test_the_sdk_builds_with_a_directory_as_context(url: str, tmp_path: Any) -> 
         assert failed.value.code == "build_failed"
         sdk.images.delete("sdk-app")
         assert "sdk-app" not in [i["name"] for i in sdk.images.list()["images"]]
+
+
+def test_the_cli_builds_and_removes_on_the_server(url: str, tmp_path: Any) -> None:
+    from click.testing import CliRunner
+
+    from app.cli import main
+
+    key = tenant(url, "cli")["Authorization"].removeprefix("Bearer ")
+    (tmp_path / "notes.txt").write_text("cli notes\n")
+    (tmp_path / "Dockerfile").write_text(
+        "FROM python\nCOPY notes.txt /opt/\nRUN cat /opt/notes.txt\n"
+    )
+    env = {"CORRAL_URL": url, "CORRAL_API_KEY": key}
+    args = ["images", "build", "cli-img", "-f", str(tmp_path / "Dockerfile"), "--server"]
+    built = CliRunner().invoke(main, args, env=env)
+    assert built.exit_code == 0, built.output
+    assert built.stdout.startswith("cli-img (") and "cli notes\n" in built.stderr
+    listed = CliRunner().invoke(main, ["images", "ls"], env=env)
+    assert "cli-img" in listed.stdout and "(tenant's)" in listed.stdout
+    (tmp_path / "Dockerfile").write_text("FROM python\nRUN exit 5\n")
+    broken = CliRunner().invoke(main, [*args[:2], "broken", *args[3:]], env=env)
+    assert broken.exit_code == 1, broken.output
+    assert "Error: Dockerfile line 2: RUN failed (exit 5)" in broken.stderr
+    removed = CliRunner().invoke(main, ["images", "rm", "cli-img", "--server"], env=env)
+    assert removed.exit_code == 0 and removed.stdout == "removed cli-img\n", removed.output
