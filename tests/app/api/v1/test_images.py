@@ -130,3 +130,40 @@ def test_a_build_request_is_checked_before_it_starts(client: TestClient) -> None
     assert as_json.status_code == 415
     assert client.delete("/v1/images/tiny", headers=headers).status_code == 404
     assert client.delete("/v1/images/tiny", headers=ADMIN).status_code in (401, 403)
+
+
+def test_a_name_is_kept_once_among_a_tenants_live_images(client: TestClient) -> None:
+    """Two builds racing for one name: the second's row is refused (409), and a deleted
+    image's name is free again."""
+    from datetime import UTC, datetime
+
+    from app.db.models import TenantImage
+    from app.errors import Conflict
+
+    made = client.post("/v1/tenants", json={"name": "racer"}, headers=ADMIN).json()
+    tenant_id = made["tenant"]["id"]
+    owned = client.app.state.services.sandboxes.owned  # type: ignore[attr-defined]
+
+    def image(image_id: str) -> TenantImage:
+        return TenantImage(
+            id=image_id,
+            tenant_id=tenant_id,
+            name="same",
+            snapshot_id=f"snap_{image_id}",
+            parent="python",
+            env={},
+            user="user",
+            workdir="/",
+            command={},
+            size_bytes=1,
+            created_at=datetime.now(UTC),
+        )
+
+    run = client.portal.call  # type: ignore[union-attr]
+    run(owned.add, image("img_1"))
+    with pytest.raises(Conflict):
+        run(owned.add, image("img_2"))
+    run(owned.forget, "img_1")
+    run(owned.add, image("img_3"))
+    found = run(owned.find, tenant_id, "same")
+    assert found is not None and found.id == "img_3"

@@ -316,3 +316,21 @@ def test_the_cli_builds_and_removes_on_the_server(url: str, tmp_path: Any) -> No
     assert "Error: Dockerfile line 2: RUN failed (exit 5)" in broken.stderr
     removed = CliRunner().invoke(main, ["images", "rm", "cli-img", "--server"], env=env)
     assert removed.exit_code == 0 and removed.stdout == "removed cli-img\n", removed.output
+
+
+async def test_the_async_sdk_builds_too(url: str) -> None:
+    key = tenant(url, "async-sdk")["Authorization"].removeprefix("Bearer ")
+    seen: list[dict[str, Any]] = []
+    async with corral.AsyncCorral(url, key) as sdk:
+        archive = context_archive({"a.txt": "async\n"}, gzip=False)
+        dockerfile = "FROM python\nCOPY a.txt /opt/\nRUN cat /opt/a.txt\n"
+        image = await sdk.images.build(
+            "async-app", dockerfile=dockerfile, context=archive, on_log=seen.append
+        )
+        assert image["name"] == "async-app"
+        assert {"log": "async\n", "stream": "stdout"} in seen
+        with pytest.raises(corral.BuildFailed):
+            await sdk.images.build("async-bad", dockerfile="FROM python\nRUN false\n")
+        await sdk.images.delete("async-app")
+        with pytest.raises(corral.NotFound):
+            await sdk.images.get("async-app")
