@@ -167,9 +167,9 @@ class Builds:
     """Tenants' builds: checked (``prepare``), then run as their log is read."""
 
     def __init__(self, *, sandboxes: Sandboxes, images: ControlImages, owned: OwnedImages) -> None:
-        self._sandboxes = sandboxes
+        self.sandboxes = sandboxes
+        self.owned = owned
         self._images = images
-        self._owned = owned
         #: build sandboxes being ended (a cancelled build cannot wait for its end)
         self._ends: set[asyncio.Task[object]] = set()
 
@@ -188,7 +188,7 @@ class Builds:
             raise ValidationFailed(str(exc)) from None
         if ask.name in TEMPLATE_IMAGES or await self._images.find(ask.name) is not None:
             raise Conflict(f"{ask.name!r} names a catalogue image: choose another name")
-        if await self._owned.find(principal.tenant_id, ask.name) is not None:
+        if await self.owned.find(principal.tenant_id, ask.name) is not None:
             raise Conflict(
                 f"the tenant already has an image named {ask.name!r}: delete it first "
                 f"(DELETE /v1/images/{ask.name})"
@@ -201,10 +201,10 @@ class Builds:
         await self._base(principal, plan, state)
         lifetime_s = float(principal.quota.max_sandbox_lifetime_seconds)
         ttl_s = min(ask.timeout_s + MARGIN_S, lifetime_s)
-        await self._sandboxes.precheck(
+        await self.sandboxes.precheck(
             principal, Ask(cpu=ask.cpu, memory_mb=ask.memory_mb, disk_mb=ask.disk_mb)
         )
-        await self._sandboxes.snapshots.precheck(principal)
+        await self.sandboxes.snapshots.precheck(principal)
         return Build(
             builds=self,
             principal=principal,
@@ -232,7 +232,7 @@ class Builds:
                 entrypoint=catalogued.entrypoint,
             )
             return
-        owned = await self._owned.find(principal.tenant_id, plan.base)
+        owned = await self.owned.find(principal.tenant_id, plan.base)
         if owned is None:
             refusal = plan.origin.error(
                 f"no image {plan.base!r}: FROM names a catalogue image or one of the "
@@ -253,7 +253,7 @@ class Builds:
 
         async def destroy() -> None:
             try:
-                await self._sandboxes.destroy(principal.tenant_id, sandbox_id)
+                await self.sandboxes.destroy(principal.tenant_id, sandbox_id)
             except Exception as exc:  # the sandbox's TTL ends it anyway
                 log.warning("sandbox=%s: the build's sandbox was not ended: %r", sandbox_id, exc)
 
@@ -264,9 +264,9 @@ class Builds:
     async def delete(self, principal: Principal, name: str) -> None:
         """Delete one of the tenant's images and its snapshot: refused (409) while a
         sandbox made from it lives or another image is built on it."""
-        image = await self._owned.get(principal.tenant_id, name)
-        await self._sandboxes.snapshots.delete(principal.tenant_id, image.snapshot_id, image=True)
-        await self._owned.forget(image.id)
+        image = await self.owned.get(principal.tenant_id, name)
+        await self.sandboxes.snapshots.delete(principal.tenant_id, image.snapshot_id, image=True)
+        await self.owned.forget(image.id)
         log.info("tenant=%s: image %r deleted", principal.tenant_id, name)
 
 
@@ -284,7 +284,7 @@ class Build:
 
     async def log(self) -> AsyncGenerator[BaseModel]:
         """Run the build, its log as it goes; the last line says how it ended."""
-        sandboxes = self.builds._sandboxes
+        sandboxes = self.builds.sandboxes
         sandbox_id: str | None = None
         try:
             yield BuildStep(step=f"FROM {self.plan.base}: starting the build's sandbox", line=1)
@@ -334,7 +334,7 @@ class Build:
     async def _context(self, sandbox_id: str) -> None:
         await self._script(sandbox_id, "the context", f"mkdir -p -m 0700 {BUILD_DIR}", [])
         if self.ask.context is not None:
-            node = await self.builds._sandboxes.node_for(self.principal.tenant_id, sandbox_id)
+            node = await self.builds.sandboxes.node_for(self.principal.tenant_id, sandbox_id)
             await node.write_file(
                 sandbox_id, CONTEXT_TAR, self.ask.context(), user="root", mode=0o600
             )
@@ -393,7 +393,7 @@ class Build:
             timeout_s=self._left(),
             max_output_bytes=MAX_RUN_OUTPUT,
         )
-        events = await self.builds._sandboxes.exec(self.principal, sandbox_id, request)
+        events = await self.builds.sandboxes.exec(self.principal, sandbox_id, request)
         decoders = {s: codecs.getincrementaldecoder("utf-8")("replace") for s in _STREAMS}
         tail = ""
         done: ExecExit | None = None
@@ -416,7 +416,7 @@ class Build:
     async def _keep(self, sandbox_id: str) -> TenantImage:
         """Snapshot the sandbox and record the image (its snapshot deleted if the name
         was taken meanwhile)."""
-        sandboxes = self.builds._sandboxes
+        sandboxes = self.builds.sandboxes
         snapshot = await sandboxes.snapshot(self.principal, sandbox_id)
         state = self.state
         image = TenantImage(
@@ -436,7 +436,7 @@ class Build:
             created_at=datetime.now(UTC),
         )
         try:
-            await self.builds._owned.add(image)
+            await self.builds.owned.add(image)
         except BaseException:
             gone = sandboxes.delete_snapshot(self.principal.tenant_id, snapshot.id)
             await asyncio.shield(_quietly(gone))
