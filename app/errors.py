@@ -15,7 +15,8 @@ never rename one) and an HTTP ``status``.
     │   ├── InputValidationFailed    422 input_validation_error   (a function's input)
     │   │   └── InputTooComplex      422 input_too_complex  (its validation's work bound)
     │   ├── InvalidInputSchema       422 invalid_input_schema     (a function's schema)
-    │   └── InvalidArtifact          422 invalid_artifact         (code or module)
+    │   ├── InvalidArtifact          422 invalid_artifact         (code or module)
+    │   └── InvalidDockerfile        422 invalid_dockerfile       (a tenant's build)
     ├── LimitTooHigh                 422 limit_too_high
     │   ├── LifetimeTooLong          422 lifetime_too_long   (a sandbox's expiry)
     │   └── SandboxTooLarge          422 sandbox_too_large   (a quota's or every node's)
@@ -53,6 +54,7 @@ never rename one) and an HTTP ``status``.
     │   ├── ImageFetchFailed         503 image_fetch_failed   (node from control plane)
     │   └── UnsupportedRuntime       400 unsupported_runtime
     ├── DiskFull                     507 disk_full            (a sandbox's disk or memory)
+    ├── BuildFailed                  422 build_failed         (a step of a tenant's build)
     └── ExecutionTimeout             504 execution_timeout
 """
 
@@ -125,6 +127,13 @@ class InvalidArtifact(ValidationFailed):
     """A function's code or WebAssembly module cannot be used (syntax, imports, ...)."""
 
     code, default_message = "invalid_artifact", "the function's code or module is not usable"
+
+
+class InvalidDockerfile(ValidationFailed):
+    """A Dockerfile a tenant's build cannot run: outside the supported subset, or FROM an
+    image the tenant cannot use; refused before anything is built."""
+
+    code, default_message = "invalid_dockerfile", "the Dockerfile cannot be built"
 
 
 class LimitTooHigh(CorralError):
@@ -379,6 +388,13 @@ class DiskFull(CorralError):
     """A write found the sandbox's disk (or the memory its RAM disk counts against) full."""
 
     status, code, default_message = 507, "disk_full", "the sandbox's disk is full"
+
+
+class BuildFailed(CorralError):
+    """A step of a tenant's image build failed (a RUN's exit status, a COPY's source): the
+    last line of a build's log, never an answer's status (the log had started)."""
+
+    status, code, default_message = 422, "build_failed", "the image build failed"
 
 
 class ExecutionTimeout(CorralError):

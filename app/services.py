@@ -40,6 +40,7 @@ from app.failpoints import Failpoints
 from app.functions.artifacts import ArtifactCache
 from app.functions.resolver import Resolver
 from app.functions.schema import Validators
+from app.images.build import Builds
 from app.images.catalog import ControlImages
 from app.invocations.leader import election_for
 from app.invocations.reconciler import Policy, Reconciler
@@ -91,6 +92,7 @@ class Services:
     leader: Leader  #: the named jobs one gateway runs (``app.leader``)
     sandboxes: Sandboxes
     images: ControlImages
+    builds: Builds  #: tenants' images built through the API (``app.images.build``)
     resolver: Resolver  #: function rows and versions by name and number
     sandbox_tokens: SandboxTokens  #: E2B's sandbox access tokens
     redis: Redis | None = None
@@ -234,6 +236,8 @@ async def open_services(
             meter_every_s=settings.sandbox_meter_seconds,
         )
         stack.push_async_callback(sandboxes.close)
+        builds = Builds(sandboxes=sandboxes, images=images, owned=sandboxes.owned)
+        stack.push_async_callback(builds.close)
         election = election_for(engine)
         stack.push_async_callback(election.close)
         leader = Leader(
@@ -278,6 +282,7 @@ async def open_services(
             leader=leader,
             sandboxes=sandboxes,
             images=images,
+            builds=builds,
             resolver=Resolver(sessions, ttl_s=settings.function_cache_seconds),
             sandbox_tokens=_sandbox_tokens(settings),
             redis=redis,

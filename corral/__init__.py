@@ -17,6 +17,7 @@ unless given ``url`` and ``api_key``. It depends on httpx and the standard libra
 from corral._client import AsyncCorral, AsyncSandboxes, Corral, Sandboxes
 from corral._errors import (
     BadRequest,
+    BuildFailed,
     ConcurrencyLimited,
     Conflict,
     CorralConnectionError,
@@ -62,6 +63,7 @@ __all__ = [
     "AsyncTenants",
     "AsyncTerminal",
     "BadRequest",
+    "BuildFailed",
     "ConcurrencyLimited",
     "Conflict",
     "Corral",

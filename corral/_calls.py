@@ -126,6 +126,10 @@ def invocation_get(invocation_id: str) -> Call:
     return Call("GET", f"/v1/invocations/{_seg(invocation_id)}")
 
 
+def image_delete(name: str) -> tuple[str, str]:
+    return "DELETE", f"/v1/images/{_seg(name)}"
+
+
 def function_list() -> Call:
     return Call("GET", "/v1/functions")
 

@@ -23,7 +23,8 @@ the HTTP status (``None`` when no answer came).
     ├── Unavailable                  503 unavailable, database_unavailable, ... (retry_after)
     │   ├── NoCapacity               503 no_capacity
     │   └── NodeUnavailable          503 node_unavailable
-    └── ExecutionTimeout             504 execution_timeout
+    ├── ExecutionTimeout             504 execution_timeout
+    └── BuildFailed                  a step of an image build (the log's last line)
 """
 
 from __future__ import annotations
@@ -136,6 +137,12 @@ class ExecutionTimeout(CorralError):
 
 
 #: Codes with a class of their own; any other code is classed by its status.
+class BuildFailed(CorralError):
+    """A step of ``images.build`` failed (a RUN's exit status, a COPY's source)."""
+
+    default_code = "build_failed"
+
+
 BY_CODE: dict[str, type[CorralError]] = {
     cls.default_code: cls
     for cls in (
@@ -146,6 +153,7 @@ BY_CODE: dict[str, type[CorralError]] = {
         ConcurrencyLimited,
         NoCapacity,
         NodeUnavailable,
+        BuildFailed,
     )
 }
 BY_STATUS: dict[int, type[CorralError]] = {

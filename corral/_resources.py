@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from corral import _calls
+from corral import _build, _calls
 from corral._calls import DEFAULT_WAIT_S
 
 if TYPE_CHECKING:
@@ -60,6 +60,45 @@ class Images:
     def get(self, ref: str) -> dict[str, Any]:
         """One image, by name or digest (``ImageNotFound`` if there is none)."""
         return self._client._call(_calls.image_get(ref))
+
+    def build(
+        self,
+        name: str,
+        *,
+        dockerfile: str,
+        context: _build.Context = None,
+        on_log: _build.OnLog | None = None,
+        network: str | Mapping[str, Any] | None = None,
+        cpu: float | None = None,
+        memory_mb: int | None = None,
+        disk_mb: int | None = None,
+        timeout_s: float | None = None,
+    ) -> dict[str, Any]:
+        """Build one of the tenant's images from ``dockerfile`` (its text) in a sandbox
+        of the tenant's; ``context`` (a directory, a tar archive's path or bytes) holds
+        COPY's sources. ``on_log`` is called with each line of the build's log as it
+        comes (``{"step": ...}``, ``{"log": ..., "stream": ...}``). Returns the image;
+        a failed build raises its error (``BuildFailed``, ``QuotaExceeded``, ...)."""
+        request = _build.build_request(
+            name,
+            dockerfile=dockerfile,
+            context=context,
+            network=network,
+            cpu=cpu,
+            memory_mb=memory_mb,
+            disk_mb=disk_mb,
+            timeout_s=timeout_s,
+        )
+        timeout = _build.read_timeout(timeout_s)
+        log = _build.BuildLog(on_log)
+        with self._client._stream("POST", "/v1/images", timeout=timeout, **request) as answer:
+            for line in answer.iter_lines():
+                log.line(line)
+        return log.result()
+
+    def delete(self, name: str) -> None:
+        """Delete one of the tenant's images (``Conflict`` while a sandbox uses it)."""
+        self._client._send(*_calls.image_delete(name))
 
 
 class Invocations:
@@ -185,6 +224,40 @@ class AsyncImages:
 
     async def get(self, ref: str) -> dict[str, Any]:
         return await self._client._call(_calls.image_get(ref))
+
+    async def build(
+        self,
+        name: str,
+        *,
+        dockerfile: str,
+        context: _build.Context = None,
+        on_log: _build.OnLog | None = None,
+        network: str | Mapping[str, Any] | None = None,
+        cpu: float | None = None,
+        memory_mb: int | None = None,
+        disk_mb: int | None = None,
+        timeout_s: float | None = None,
+    ) -> dict[str, Any]:
+        """``Images.build`` (``on_log`` is called on the event loop)."""
+        request = _build.build_request(
+            name,
+            dockerfile=dockerfile,
+            context=context,
+            network=network,
+            cpu=cpu,
+            memory_mb=memory_mb,
+            disk_mb=disk_mb,
+            timeout_s=timeout_s,
+        )
+        timeout = _build.read_timeout(timeout_s)
+        log = _build.BuildLog(on_log)
+        async with self._client._stream("POST", "/v1/images", timeout=timeout, **request) as answer:
+            async for line in answer.aiter_lines():
+                log.line(line)
+        return log.result()
+
+    async def delete(self, name: str) -> None:
+        await self._client._send(*_calls.image_delete(name))
 
 
 class AsyncFunctions:

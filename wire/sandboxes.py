@@ -135,6 +135,9 @@ class SandboxSpec(_Message):
     env: dict[str, str] = Field(default_factory=dict)
     network: NetworkPolicy = Field(default_factory=NetworkPolicy)
     user: str = Field("user", description="who commands run as unless an exec says otherwise")
+    workdir: str | None = Field(
+        None, description="where commands run unless an exec says otherwise (None: the user's home)"
+    )
     snapshot_id: str | None = Field(
         None, description="start from this snapshot's files (on this node) instead of the image's"
     )

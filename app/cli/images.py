@@ -1,6 +1,8 @@
 """``images``: the images sandboxes are created from. ``ls`` asks the server
 (``GET /v1/images``, any tenant's key); ``ls --local``, ``build``, ``import`` and ``rm``
-act on this machine's store (``images``) as its node reads it: no server involved."""
+act on this machine's store (``images``) as its node reads it: no server involved.
+``build --server`` and ``rm --server`` act on the tenant's own images instead (``POST``
+and ``DELETE /v1/images``: built in a sandbox of the tenant's, through the SDK)."""
 
 from __future__ import annotations
 
@@ -64,11 +66,48 @@ def _image_line(image: Image) -> str:
     default=None,
     help="The build context of COPY [the Dockerfile's directory].",
 )
-def images_build(name: str, dockerfile: Path | None, context: Path | None) -> None:
+@click.option(
+    "--server",
+    is_flag=True,
+    help="Build one of the tenant's own images on the server (POST /v1/images, a "
+    "tenant's key), in a sandbox; its log shown as it comes.",
+)
+@click.option(
+    "--network",
+    default=None,
+    help='With --server: RUN\'s network, the JSON of {"allow": ["HOST[:PORT]", ...]} [none].',
+)
+@url_option
+@key_option
+def images_build(
+    name: str,
+    dockerfile: Path | None,
+    context: Path | None,
+    server: bool,
+    network: str | None,
+    url: str,
+    api_key: str | None,
+) -> None:
     """Build image NAME: from Debian's packages (a built-in recipe: python) or from a
-    Dockerfile (-f) on top of a local image."""
+    Dockerfile (-f) on top of a local image; with --server, the tenant's own image from
+    a Dockerfile, built on the server FROM one of its images."""
     from images import RECIPES, ImageError
 
+    if server:
+        if dockerfile is None:
+            raise click.UsageError("--server needs -f Dockerfile")
+        with client(url, api_key) as sdk:
+            built = sdk.images.build(
+                name,
+                dockerfile=dockerfile.read_text(),
+                context=context or dockerfile.parent,
+                network=network,
+                on_log=_show,
+            )
+        click.echo(f"{built['name']} ({built['size_bytes'] / 1e6:.1f} MB, the tenant's)")
+        return
+    if network is not None:
+        raise click.UsageError("--network needs --server")
     try:
         store = _image_store()
         if dockerfile is not None:
@@ -138,21 +177,38 @@ def images_ls(local: bool, url: str, api_key: str | None) -> None:
         click.echo(_image_line(image))
 
 
-def _row(name: str, digest: str, size_bytes: int, created: str) -> str:
+def _row(name: str, digest: str | None, size_bytes: int, created: str) -> str:
     import datetime
 
     when = datetime.datetime.fromisoformat(created).astimezone().strftime("%Y-%m-%d %H:%M")
-    short = digest.removeprefix("sha256:")[:12]
+    short = digest.removeprefix("sha256:")[:12] if digest else "(tenant's)"
     return f"{name or '<none>':<24} {short:<12} {f'{size_bytes / 1e6:.1f} MB':>10}  {when}"
+
+
+def _show(line: dict[str, object]) -> None:
+    """A line of a server's build log, on stderr as it comes."""
+    if "step" in line:
+        click.echo(f"--> {line['step']}", err=True)
+    elif "log" in line:
+        click.echo(str(line["log"]), err=True, nl=False)
 
 
 @images.command("rm")
 @click.argument("ref")
-def images_rm(ref: str) -> None:
+@click.option("--server", is_flag=True, help="One of the tenant's own images, on the server.")
+@url_option
+@key_option
+def images_rm(ref: str, server: bool, url: str, api_key: str | None) -> None:
     """Remove image REF: a name (the image goes with its last name) or a digest
-    (sha256:..., a unique prefix will do; every name of it goes too)."""
+    (sha256:..., a unique prefix will do; every name of it goes too); with --server, the
+    tenant's own image REF and its snapshot."""
     from images import ImageError
 
+    if server:
+        with client(url, api_key) as sdk:
+            sdk.images.delete(ref)
+        click.echo(f"removed {ref}")
+        return
     try:
         _image_store().remove(ref)
     except ImageError as exc:

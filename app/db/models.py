@@ -25,6 +25,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -379,6 +380,40 @@ class Snapshot(Base):
     backend: Mapped[str] = mapped_column(String(16))
     image: Mapped[str] = mapped_column(String(256))
     image_digest: Mapped[str] = mapped_column(String(80))
+    size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    deleted_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class TenantImage(Base):
+    """An image a tenant built through the API (``app.images.build``): a snapshot of
+    the build's sandbox (its files: the size counted in the tenant's storage) and the
+    config a sandbox made from it starts with. Named once among the tenant's live images;
+    nobody else sees it."""
+
+    __tablename__ = "tenant_images"
+    __table_args__ = (
+        Index(
+            "uq_tenant_images_live_name",
+            "tenant_id",
+            "name",
+            unique=True,
+            sqlite_where=text("deleted_at IS NULL"),
+            postgresql_where=text("deleted_at IS NULL"),
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(128))
+    snapshot_id: Mapped[str] = mapped_column(String(32))
+    #: the image it was built FROM: a catalogue image's name, or another of the tenant's
+    parent: Mapped[str] = mapped_column(String(256))
+    env: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    user: Mapped[str] = mapped_column(String(64))
+    workdir: Mapped[str] = mapped_column(String(4096))
+    #: ``{"cmd": [...] | None, "entrypoint": [...] | None}``, recorded as the Dockerfile said
+    command: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     deleted_at: Mapped[datetime | None] = mapped_column(default=None)

@@ -7,7 +7,9 @@ once, with this gateway's creates in flight added, before any node is asked. The
 ``max_sandbox_lifetime_seconds`` (``app.sandboxes.lifetime``); it is placed on a node
 that offers the backend and has room for it (``app.sandboxes.fleet``) and made there,
 the node sent the image's digest when the control plane's store knows its name (the node
-fetches a digest it lacks; ``app.images``) and the name as given otherwise. Then one
+fetches a digest it lacks; ``app.images``); a name it lacks may be one of the tenant's own
+images (``app.images.owned``: one more read), made from its snapshot with its environment
+and user; any other name is sent as given, for the node's store. Then one
 commit records it (``app.db.sandboxes.admit``): the totals taken by a conditional
 update, which two gateways racing for the last room cannot both pass, and the row
 inserted, already running, holding the node, the image digest and the phase timings.
@@ -22,9 +24,10 @@ import logging
 from datetime import UTC, datetime
 
 from app.auth.principal import Principal
-from app.db.models import Sandbox, Snapshot
+from app.db.models import Sandbox, Snapshot, TenantImage
 from app.errors import ConcurrencyLimited, LifetimeTooLong
 from app.images.catalog import ControlImages
+from app.images.owned import OwnedImages
 from app.quotas.spec import QuotaLimits
 from app.sandboxes import lifetime
 from app.sandboxes.admission import (
@@ -52,6 +55,7 @@ class Creates:
         records: Records,
         fleet: Fleet,
         images: ControlImages,
+        owned: OwnedImages,
         admission: SandboxAdmission,
         snapshots: Snapshots,
         teardowns: Teardowns,
@@ -59,6 +63,7 @@ class Creates:
         self._records = records
         self._fleet = fleet
         self._images = images
+        self._owned = owned
         self._admission = admission
         self._snapshots = snapshots
         self._teardowns = teardowns
@@ -76,10 +81,20 @@ class Creates:
         lifetime_s = float(principal.quota.max_sandbox_lifetime_seconds)
         asked = body.ttl_s if "ttl_s" in body.model_fields_set else None
         body = body.model_copy(update={"ttl_s": lifetime.create_ttl(asked, lifetime_s)})
-        snapshot = None
+        snapshot, owned, image_ref = None, None, body.image
+        if body.snapshot_id is None:
+            digest = await self._images.digest_of(body.image)
+            if digest is not None:
+                image_ref = digest  # the node fetches a digest it lacks
+            else:  # one of the tenant's own images, or a name for the node's store
+                owned = await self._owned.find(tenant_id, body.image)
+                if owned is not None:
+                    body = from_owned(body, owned)
         if body.snapshot_id is not None:
             snapshot = await self._snapshots.get(tenant_id, body.snapshot_id)
-            body = body.model_copy(update={"backend": snapshot.backend, "image": snapshot.image})
+            # a tenant's image keeps its name in the record; a snapshot's create, its image's
+            image = body.image if owned is not None else snapshot.image
+            body = body.model_copy(update={"backend": snapshot.backend, "image": image})
         row = Sandbox(
             id=new_id("sbx"),
             tenant_id=tenant_id,
@@ -99,7 +114,7 @@ class Creates:
             raise refusal  # before any node is asked
         in_flight.append(ask)  # (no await since the check: this gateway's burst is judged)
         try:
-            return await self._make(principal, body, row, ask, lifetime_s, snapshot)
+            return await self._make(principal, body, row, ask, lifetime_s, snapshot, image_ref)
         finally:
             in_flight.remove(ask)
             if not in_flight:
@@ -113,6 +128,7 @@ class Creates:
         ask: Ask,
         lifetime_s: float,
         snapshot: Snapshot | None,
+        image_ref: str,
     ) -> Sandbox:
         """Place the sandbox, have its node make it, then record it in one commit."""
         if snapshot is not None:  # placed where its snapshot is
@@ -120,7 +136,7 @@ class Creates:
             image = body.image  # unused: the node starts from the snapshot's digest
         else:
             node = await self._fleet.place(body.backend, ask)
-            image = await self._image_ref(body.image)
+            image = image_ref
         spec = SandboxSpec(
             sandbox_id=row.id,
             tenant_id=row.tenant_id,
@@ -134,6 +150,7 @@ class Creates:
             env=body.env,
             network=body.network,
             user=body.user,
+            workdir=body.workdir,
             snapshot_id=body.snapshot_id,
         )
         placed = datetime.now(UTC)
@@ -167,12 +184,19 @@ class Creates:
                 retry_after=SANDBOX_RETRY_AFTER_S,
             )
 
-    async def _image_ref(self, ref: str) -> str:
-        """What the node is sent for the image ``ref``: its digest when the control
-        plane's store knows it (the node fetches a digest it lacks), else ``ref`` as
-        given, for the node's own store to resolve (an image built on that node)."""
-        digest = await self._images.digest_of(ref)
-        return digest if digest is not None else ref
+
+def from_owned(body: CreateSandbox, owned: TenantImage) -> CreateSandbox:
+    """A create of the tenant's image ``owned``: from its snapshot, with its environment
+    under the create's own, and its user and workdir unless the create names them."""
+    update: dict[str, object] = {
+        "snapshot_id": owned.snapshot_id,
+        "env": {**owned.env, **body.env},
+    }
+    if "user" not in body.model_fields_set:
+        update["user"] = owned.user
+    if body.workdir is None:
+        update["workdir"] = owned.workdir
+    return body.model_copy(update=update)
 
 
 def _first_ttl(row: Sandbox, ttl_s: float, lifetime_s: float) -> float:

@@ -29,6 +29,7 @@ from app.db.models import Sandbox, Snapshot
 from app.db.transactions import Transactions
 from app.errors import NodeUnavailable, NotFound
 from app.images.catalog import ControlImages
+from app.images.owned import OwnedImages
 from app.placement.catalogue import Catalogue
 from app.sandboxes import lifetime, listing
 from app.sandboxes.admission import Ask, SandboxAdmission, size_refusal, totals_refusal
@@ -63,11 +64,14 @@ class Sandboxes:
         self.records = Records(sessions=sessions, rows=rows, meter_every_s=meter_every_s)
         self.fleet = Fleet(catalogue=catalogue, node_token=node_token)
         self.teardowns = Teardowns(records=self.records, fleet=self.fleet)
-        self.snapshots = Snapshots(records=self.records, fleet=self.fleet)
+        #: the images tenants built (``app.images.owned``): a create may name one
+        self.owned = OwnedImages(sessions)
+        self.snapshots = Snapshots(records=self.records, fleet=self.fleet, owned=self.owned)
         self.creates = Creates(
             records=self.records,
             fleet=self.fleet,
             images=images,
+            owned=self.owned,
             admission=admission,
             snapshots=self.snapshots,
             teardowns=self.teardowns,
@@ -209,7 +213,9 @@ class Sandboxes:
         inherited = min(float(spec.get("ttl_s", DEFAULT_TTL_S)), lifetime_s)
         ttl_s = inherited if ttl_s is None else lifetime.create_ttl(ttl_s, lifetime_s)
         ask = Ask.of(spec)
-        await self._precheck_fork(principal, ask)
+        await self.precheck(principal, ask)
+        # env values are not recorded; a tenant's image's are its own, so kept
+        owned = await self.owned.find(principal.tenant_id, source.image)
         snapshot = await self.snapshot(principal, sandbox_id)
         body = CreateSandbox(
             backend=source.backend,
@@ -220,6 +226,8 @@ class Sandboxes:
             ttl_s=ttl_s,
             idle_timeout_s=spec.get("idle_timeout_s"),
             user=str(spec.get("user", "user")),
+            workdir=spec.get("workdir"),
+            env=dict(owned.env) if owned is not None else {},
             metadata={**(source.meta or {}), **metadata, "forked_from": sandbox_id},
             snapshot_id=snapshot.id,
         )
@@ -232,10 +240,10 @@ class Sandboxes:
             raise failed[0]
         return snapshot, sandboxes
 
-    async def _precheck_fork(self, principal: Principal, ask: Ask) -> None:
-        """Refuse a fork none of whose sandboxes could be made, before its snapshot is
-        copied: too large for the quota, no CPU left today, no room for one more (each
-        create is judged again, race-free, by ``create``)."""
+    async def precheck(self, principal: Principal, ask: Ask) -> None:
+        """Refuse a sandbox that could not be made, before any work for it (a fork's
+        snapshot, a build's checks): too large for the quota, no CPU left today, no room
+        for one more (each create is judged again, race-free, by ``create``)."""
         too_large = size_refusal(principal.quota, ask)
         if too_large is not None:
             raise too_large

@@ -18,7 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.auth.principal import Principal
 from app.db.models import Snapshot, Tenant
-from app.errors import NotFound
+from app.errors import Conflict, NotFound
+from app.images.owned import OwnedImages
 from app.quotas import readings
 from app.quotas.spec import QuotaLimits
 from app.sandboxes.admission import snapshot_refusal
@@ -30,10 +31,11 @@ log = logging.getLogger(__name__)
 
 
 class Snapshots:
-    def __init__(self, *, records: Records, fleet: Fleet) -> None:
+    def __init__(self, *, records: Records, fleet: Fleet, owned: OwnedImages) -> None:
         self._records = records
         self._sessions = records.sessions
         self._fleet = fleet
+        self._owned = owned
 
     async def snapshot(self, principal: Principal, sandbox_id: str) -> Snapshot:
         """Copy the sandbox's files, within the tenant's ``max_snapshots`` and
@@ -96,6 +98,23 @@ class Snapshots:
             if refusal is not None:
                 raise refusal
 
+    async def precheck(self, principal: Principal) -> None:
+        """Refuse, before any work, a snapshot the tenant has no room for even at no
+        size (it keeps ``max_snapshots``, or its storage is full); the snapshot itself
+        is judged again, race-free, when it is made."""
+        async with self._sessions() as session:
+            kept = await session.scalar(
+                select(func.count())
+                .select_from(Snapshot)
+                .where(Snapshot.tenant_id == principal.tenant_id, Snapshot.deleted_at.is_(None))
+            )
+            stored = await readings.stored_bytes(session, principal.tenant_id)
+        refusal = snapshot_refusal(
+            principal.quota, kept=int(kept or 0), stored_bytes=stored, adding_bytes=0
+        )
+        if refusal is not None:
+            raise refusal
+
     async def _drop_row(self, snapshot_id: str) -> None:
         """Forget the row of a snapshot the node did not make."""
         try:
@@ -121,8 +140,17 @@ class Snapshots:
         async with self._sessions() as session:
             return list((await session.scalars(query)).all())
 
-    async def delete(self, tenant_id: str, snapshot_id: str) -> None:
+    async def delete(self, tenant_id: str, snapshot_id: str, *, image: bool = False) -> None:
+        """Delete a snapshot: refused (409) while one of the tenant's images is made of
+        it, unless it is that image's delete (``image``)."""
         row = await self.get(tenant_id, snapshot_id)
+        if not image:
+            owner = await self._owned.using_snapshot(tenant_id, snapshot_id)
+            if owner is not None:
+                raise Conflict(
+                    f"snapshot {snapshot_id} holds the files of the image {owner.name!r}: "
+                    "delete the image (DELETE /v1/images/NAME) instead"
+                )
         node = await self._fleet.node_by_id(row.node_id)
         await node.delete_snapshot(snapshot_id, tenant_id=tenant_id)
         async with self._sessions() as session, session.begin():

@@ -44,6 +44,14 @@ class CreateSandbox(_Body):
         description='"none" (the default: no network), or {"allow": ["HOST[:PORT]", ...]}',
     )
     user: str = Field("user", min_length=1, max_length=64, description="commands run as")
+    workdir: str | None = Field(
+        None,
+        min_length=1,
+        max_length=4096,
+        pattern=r"^/",
+        description="where commands run unless an exec names a cwd (default: the user's "
+        "home; a tenant's image: its WORKDIR)",
+    )
     metadata: dict[str, str] = Field(default_factory=dict, max_length=64)
     snapshot_id: str | None = Field(
         None, max_length=32, description="start from this snapshot's files (its image, its node)"

@@ -342,6 +342,8 @@ class CrunBackend(SandboxBackend):
             "users": {a.name: [a.uid, a.gid, a.home] for a in image_users(image).values()},
             "rootfs": str(rootfs),
         }
+        if spec.workdir is not None:
+            meta["workdir"] = spec.workdir
         if ids is not None:
             meta["ids"] = {"slot": ids.slot, "first": ids.first, "size": ids.size}
         _write_private(directory / "sandbox.json", json.dumps(meta))
@@ -413,6 +415,8 @@ class CrunBackend(SandboxBackend):
         )
         meta = json.loads((directory / "sandbox.json").read_text())
         meta["env"] = {**meta.get("env", {}), **spec.env}
+        if spec.workdir is not None:
+            meta["workdir"] = spec.workdir
         _write_private(directory / "sandbox.json", json.dumps(meta))
 
     async def destroy(self, sandbox_id: str) -> None:
@@ -572,7 +576,8 @@ class CrunBackend(SandboxBackend):
             **meta.get("env", {}),
             **request.env,
         }
-        cwd = rooted.normalise(request.cwd or account.home or "/", home=account.home)
+        start = request.cwd or meta.get("workdir") or account.home or "/"
+        cwd = rooted.normalise(start, home=account.home)
         spawner = directory / spawn.SOCKET_NAME
         if spawner.exists():
             spawned = await spawn.spawn(

@@ -82,6 +82,7 @@ def test_models_define_the_expected_tables() -> None:
         "console_sessions",
         "dead_letters",
         "sandbox_totals",
+        "tenant_images",
     }
     assert expected == MODEL_TABLES
 
@@ -91,7 +92,7 @@ async def test_upgrade_downgrade_upgrade(engine: AsyncEngine) -> None:
 
     await upgrade(engine, "head")
     assert await _tables(engine) == MODEL_TABLES | {"alembic_version"}
-    assert await _revision(engine) == "0014"
+    assert await _revision(engine) == "0015"
 
     await downgrade(engine, "base")
     assert await _tables(engine) == {"alembic_version"}
@@ -99,7 +100,7 @@ async def test_upgrade_downgrade_upgrade(engine: AsyncEngine) -> None:
 
     await upgrade(engine, "head")
     assert await _tables(engine) == MODEL_TABLES | {"alembic_version"}
-    assert await _revision(engine) == "0014"
+    assert await _revision(engine) == "0015"
 
 
 async def test_upgrade_is_idempotent(engine: AsyncEngine) -> None:

@@ -72,3 +72,98 @@ def test_corral_images_ls_asks_the_server(
     assert sorted(rows) == ["data", "python", "tiny"]
     keyless = CliRunner().invoke(main, ["images", "ls"], env={"CORRAL_URL": url})
     assert keyless.exit_code == 1 and "401 missing_api_key" in keyless.stderr
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "message"),
+    [
+        ("FROM python\nADD x.tar /\n", "Dockerfile line 2: ADD: ADD is not supported"),
+        ("FROM python\nRUN --mount=type=cache,target=/x true\n", "--mount is not supported"),
+        ('FROM python\nSHELL ["/bin/bash"]\n', "line 2: SHELL: this instruction is not"),
+        ("FROM python\nFROM python\n", "multi-stage builds are not supported"),
+        ("RUN true\n", "the first instruction must be FROM"),
+        ("FROM python\nCOPY ../secret /\n", "outside the build context"),
+        ("FROM scratch\n", "line 1: FROM: a tenant's build starts FROM an image"),
+        ("FROM elsewhere:3.12\n", "line 1: FROM: no image 'elsewhere:3.12'"),
+    ],
+)
+def test_a_dockerfile_outside_the_subset_is_refused_before_any_sandbox(
+    client: TestClient, dockerfile: str, message: str
+) -> None:
+    headers = tenant_headers(client)
+    answer = client.post(
+        "/v1/images",
+        data={"name": "mine"},
+        files={"dockerfile": ("Dockerfile", dockerfile)},
+        headers=headers,
+    )
+    assert answer.status_code == 422, answer.text
+    error = answer.json()["error"]
+    assert error["code"] == "invalid_dockerfile" and message in error["message"], error
+    for state in ("live", "stopping", "stopped"):
+        made = client.get("/v1/sandboxes", params={"state": state}, headers=headers)
+        assert made.json()["sandboxes"] == [], state
+    assert client.get("/v1/images/mine", headers=headers).status_code == 404
+
+
+def test_a_build_request_is_checked_before_it_starts(client: TestClient) -> None:
+    headers = tenant_headers(client)
+
+    def post(fields: dict[str, str]) -> Any:
+        files = {"dockerfile": ("Dockerfile", "FROM python\n")}
+        return client.post("/v1/images", data=fields, files=files, headers=headers)
+
+    taken = post({"name": "tiny"})  # a catalogue image's name
+    assert taken.status_code == 409 and "catalogue image" in taken.json()["error"]["message"]
+    assert post({"name": "base"}).status_code == 409  # an E2B template's
+    assert post({"name": "sha256:abc"}).json()["error"]["code"] == "validation_error"
+    assert post({"name": "x", "memory_mb": "1"}).json()["error"]["code"] == "validation_error"
+    bad_network = post({"name": "x", "network": "{not json"})
+    assert bad_network.json()["error"]["code"] == "validation_error"
+    no_file = post({"name": "x", "context": "text"})
+    assert no_file.status_code == 422 and "'context' is a file" in no_file.text
+    missing = client.post(
+        "/v1/images", data={"name": "x"}, files={"context": ("c.tar", b"")}, headers=headers
+    )
+    assert missing.status_code == 422 and "needs a 'dockerfile'" in missing.text
+    as_json = client.post("/v1/images", json={"name": "x"}, headers=headers)
+    assert as_json.status_code == 415
+    assert client.delete("/v1/images/tiny", headers=headers).status_code == 404
+    assert client.delete("/v1/images/tiny", headers=ADMIN).status_code in (401, 403)
+
+
+def test_a_name_is_kept_once_among_a_tenants_live_images(client: TestClient) -> None:
+    """Two builds racing for one name: the second's row is refused (409), and a deleted
+    image's name is free again."""
+    from datetime import UTC, datetime
+
+    from app.db.models import TenantImage
+    from app.errors import Conflict
+
+    made = client.post("/v1/tenants", json={"name": "racer"}, headers=ADMIN).json()
+    tenant_id = made["tenant"]["id"]
+    owned = client.app.state.services.sandboxes.owned  # type: ignore[attr-defined]
+
+    def image(image_id: str) -> TenantImage:
+        return TenantImage(
+            id=image_id,
+            tenant_id=tenant_id,
+            name="same",
+            snapshot_id=f"snap_{image_id}",
+            parent="python",
+            env={},
+            user="user",
+            workdir="/",
+            command={},
+            size_bytes=1,
+            created_at=datetime.now(UTC),
+        )
+
+    run = client.portal.call  # type: ignore[union-attr]
+    run(owned.add, image("img_1"))
+    with pytest.raises(Conflict):
+        run(owned.add, image("img_2"))
+    run(owned.forget, "img_1")
+    run(owned.add, image("img_3"))
+    found = run(owned.find, tenant_id, "same")
+    assert found is not None and found.id == "img_3"
