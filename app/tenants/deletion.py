@@ -10,7 +10,8 @@ bill and for the operator to read.
 
 A **purge** removes, as well, what the tenant put in or got out: its final invocations
 with their blobs (code, inputs, outputs), its functions with their versions and
-artifacts, its snapshots (deleted on their nodes, then their rows), its sandbox records
+artifacts, its snapshots (deleted on their nodes, then their rows) and the images it built
+(``tenant_images``, whose files are snapshots), its sandbox records
 once a sandbox is stopped and metered to its end, and its console sessions. It keeps the
 tenant's row (its name stays taken), its revoked keys (hashes, no secrets) and its usage
 (``usage_events`` and ``usage_rollups``: the bill, with no content).
@@ -49,6 +50,7 @@ from app.db.models import (
     Sandbox,
     Snapshot,
     Tenant,
+    TenantImage,
 )
 from app.errors import Conflict, CorralError, NotFound
 from app.sandboxes.listing import LIVE
@@ -157,7 +159,8 @@ async def _delete_snapshots(services: Services, tenant_id: str) -> int:
     deleted = 0
     for snapshot_id in kept:
         try:
-            await services.sandboxes.delete_snapshot(tenant_id, snapshot_id)
+            # an image's files too: the purge takes the tenant's images with it
+            await services.sandboxes.snapshots.delete(tenant_id, snapshot_id, image=True)
             deleted += 1
         except NotFound:
             deleted += 1  # gone already
@@ -194,6 +197,9 @@ async def _purge_rows(sessions: async_sessionmaker[AsyncSession], tenant_id: str
         )
         await session.execute(
             delete(FunctionArtifact).where(FunctionArtifact.tenant_id == tenant_id)
+        )
+        purged["images"] = await _count(
+            session, delete(TenantImage).where(TenantImage.tenant_id == tenant_id)
         )
         await session.execute(  # deleted on their nodes: counted as snapshots above
             delete(Snapshot).where(

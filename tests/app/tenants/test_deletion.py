@@ -23,6 +23,7 @@ from app.db.models import (
     Sandbox,
     Snapshot,
     Tenant,
+    TenantImage,
     UsageEvent,
 )
 from app.services import Services
@@ -211,6 +212,50 @@ def test_purge_removes_the_content_keeps_the_bill_and_finishes_when_asked_again(
     assert client.portal.call(tenant_row) is not None  # type: ignore[union-attr]
     assert counts(client, bystander["id"]) == kept
     assert client.get("/v1/invocations", headers=bystander["headers"]).status_code == 200
+
+
+def test_purge_takes_the_tenants_images_with_their_snapshots(
+    sandbox_client: TestClient, tenant: dict[str, Any]
+) -> None:
+    """An image's snapshot cannot be deleted alone while the image lives: the purge
+    deletes both, or it would leave the snapshot in ``remaining`` for ever."""
+    client = sandbox_client
+    populate(client, tenant, snapshot=True)
+
+    async def add_image() -> None:
+        async with services_of(client).sessions() as session, session.begin():
+            snapshot_id = await session.scalar(
+                select(Snapshot.id).where(Snapshot.tenant_id == tenant["id"])
+            )
+            assert snapshot_id is not None
+            session.add(
+                TenantImage(
+                    id="img_purged",
+                    tenant_id=tenant["id"],
+                    name="mine",
+                    snapshot_id=snapshot_id,
+                    parent="python",
+                    env={},
+                    user="user",
+                    workdir="/home/user",
+                )
+            )
+
+    async def images() -> int:
+        async with services_of(client).sessions() as session:
+            query = select(func.count()).select_from(TenantImage)
+            return int(
+                await session.scalar(query.where(TenantImage.tenant_id == tenant["id"])) or 0
+            )
+
+    client.portal.call(add_image)  # type: ignore[union-attr]
+    done = client.delete(f"/v1/tenants/{tenant['id']}?purge=true", headers=ADMIN).json()
+    deadline = time.monotonic() + 10
+    while any(done["remaining"].values()) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the sandbox's teardown
+        done = client.delete(f"/v1/tenants/{tenant['id']}?purge=true", headers=ADMIN).json()
+    assert done["remaining"] == {"invocations": 0, "sandboxes": 0, "snapshots": 0}, done
+    assert client.portal.call(images) == 0  # type: ignore[union-attr]
 
 
 def test_only_the_operator_deletes_and_an_unknown_tenant_is_404(
