@@ -5,16 +5,19 @@
 terminal's output as it comes and None once the shell has ended; ``ended`` then says how
 (``"exit 0"``, ``"signal 9"``, or the error that closed it). Leaving the ``async with``
 block (or ``close()``) ends the shell.
+
+The WebSocket client is ``websockets`` (``pip install 'corral[terminal]'``), imported only
+when a terminal opens: the rest of the SDK needs nothing but httpx.
 """
 
 from __future__ import annotations
 
 import json
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed
+if TYPE_CHECKING:
+    from websockets.asyncio.client import ClientConnection
 
 
 class AsyncTerminal:
@@ -26,6 +29,12 @@ class AsyncTerminal:
         self.close_code: int | None = None
 
     async def __aenter__(self) -> AsyncTerminal:
+        try:
+            from websockets.asyncio.client import connect
+        except ImportError as missing:
+            raise RuntimeError(
+                "a terminal needs the websockets package: pip install 'corral[terminal]'"
+            ) from missing
         self._ws = await connect(self._url, additional_headers=self._headers)
         return self
 
@@ -47,6 +56,8 @@ class AsyncTerminal:
 
     async def recv(self) -> bytes | None:
         """The next output, or None once the shell has ended (``ended`` says how)."""
+        from websockets.exceptions import ConnectionClosed
+
         try:
             frame: Any = await self._open().recv()
         except ConnectionClosed as closed:

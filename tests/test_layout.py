@@ -81,13 +81,40 @@ def test_the_sdk_needs_only_httpx_and_the_standard_library() -> None:
     import sys
 
     allowed = set(sys.stdlib_module_names) | {"httpx", "corral", "__future__"}
+    # The one optional extra (corral[terminal]), imported when a terminal opens.
+    extras = {"corral/_terminal.py": {"websockets"}}
     offenders = {
-        path: sorted(names - allowed)
+        path: sorted(names - allowed - extras.get(path, set()))
         for path, names in imported_modules("corral").items()
-        if names - allowed
+        if names - allowed - extras.get(path, set())
     }
     assert offenders == {}
     assert "httpx" in set().union(*imported_modules("corral").values())
+
+
+def test_the_sdk_imports_without_its_optional_extra() -> None:
+    """``import corral`` (and a sandbox's terminal object) works where websockets is absent;
+    only opening the terminal asks for it."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; sys.modules['websockets'] = None\n"
+        "import corral\n"
+        "assert 'websockets' not in [m.split('.')[0] for m in sys.modules if sys.modules[m]]\n"
+        "import asyncio\n"
+        "t = corral.AsyncTerminal('ws://127.0.0.1:9/x', {})\n"
+        "try:\n"
+        "    asyncio.run(t.__aenter__())\n"
+        "except RuntimeError as e:\n"
+        "    assert 'corral[terminal]' in str(e), e\n"
+        "else:\n"
+        "    raise SystemExit('opened without websockets')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
 
 
 def test_the_sdk_exports_what_it_documents() -> None:

@@ -111,7 +111,8 @@ def test_a_tenant_registers_and_invokes_a_function_from_the_page(
     assert 'id="created"' in shown and 'id="finished"' in shown
     listed = client.get("/console/invocations", params={"kind": "function"}).text
     assert (
-        '<td class="name">summer v1</td>' in listed and '<td class="name">summer v2</td>' in listed
+        '<td class="name" title="summer v1">summer v1</td>' in listed
+        and '<td class="name" title="summer v2">summer v2</td>' in listed
     )
 
     # input the schema refuses, input that is not JSON: said on the page, nothing run
