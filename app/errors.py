@@ -16,7 +16,8 @@ never rename one) and an HTTP ``status``.
     │   │   └── InputTooComplex      422 input_too_complex  (its validation's work bound)
     │   ├── InvalidInputSchema       422 invalid_input_schema     (a function's schema)
     │   ├── InvalidArtifact          422 invalid_artifact         (code or module)
-    │   └── InvalidDockerfile        422 invalid_dockerfile       (a tenant's build)
+    │   ├── InvalidDockerfile        422 invalid_dockerfile       (a tenant's build)
+    │   └── BackendNotOffered        422 backend_not_offered      (no node offers it)
     ├── LimitTooHigh                 422 limit_too_high
     │   ├── LifetimeTooLong          422 lifetime_too_long   (a sandbox's expiry)
     │   └── SandboxTooLarge          422 sandbox_too_large   (a quota's or every node's)
@@ -101,6 +102,13 @@ class UnsupportedMediaType(BadRequest):
 
 class ValidationFailed(CorralError):
     status, code, default_message = 422, "validation_error", "request failed validation"
+
+
+class BackendNotOffered(ValidationFailed):
+    """A sandbox asks for a backend no node offers (``details.offered``: the backends that
+    are)."""
+
+    code, default_message = "backend_not_offered", "no node offers this sandbox backend"
 
 
 class InputValidationFailed(ValidationFailed):

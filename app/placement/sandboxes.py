@@ -6,7 +6,10 @@ A sandbox goes only where its memory and CPU fit what is free now, on the better
 such nodes (fewer live sandboxes, then more memory free). When no node offering the
 backend could ever hold it (it asks more than any node gives all its sandboxes), the
 create is refused for good: 422 ``sandbox_too_large``; when some could but none has
-room now, 503 ``no_capacity`` with Retry-After. A report that says nothing of sandbox
+room now, 503 ``no_capacity`` with Retry-After. A backend no node offers while others
+are offered (``"microvm"`` on a fleet of container nodes) is refused at once: 422
+``backend_not_offered``, naming the backends on offer; with no node up at all it is 503
+``no_capacity`` (a node may be starting). A report that says nothing of sandbox
 capacity (a node older than these fields) is taken as able to hold anything.
 
 The reports are the catalogue's copy, up to ``catalogue_seconds`` old: two creates may
@@ -19,7 +22,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from app.errors import NoCapacity, SandboxTooLarge
+from app.errors import BackendNotOffered, NoCapacity, SandboxTooLarge
 from wire.messages import NodeReport
 
 
@@ -75,6 +78,12 @@ def choose(
     """The node a new sandbox of ``backend`` and this size goes to."""
     nodes = _offering(reports, backend)
     if not nodes:
+        offered = sorted({b for n in reports if n.address is not None for b in n.sandbox_backends})
+        if offered:
+            raise BackendNotOffered(
+                f"no node offers {backend} sandboxes (on offer: {', '.join(offered)})",
+                details={"backend": backend, "offered": offered},
+            )
         raise NoCapacity(f"no node offers {backend} sandboxes now")
     refuse_too_large(nodes, backend, memory_mb=memory_mb, cpu=cpu)
     able = [n for n in nodes if could_hold(n, memory_mb=memory_mb, cpu=cpu)]

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from app.errors import NoCapacity, SandboxTooLarge
+from app.errors import BackendNotOffered, NoCapacity, SandboxTooLarge
 from app.placement.sandboxes import check, choose
 from wire.messages import NodeReport
 
@@ -91,3 +91,13 @@ def test_a_snapshots_node_is_checked_alone() -> None:
         check(node("s", memory_free=512), memory_mb=1024, cpu=1.0)
     with pytest.raises(SandboxTooLarge):
         check(node("s", memory=512), memory_mb=1024, cpu=1.0)
+
+
+def test_a_backend_no_node_offers_is_refused_naming_those_on_offer() -> None:
+    with pytest.raises(BackendNotOffered) as refused:
+        choose([node("a"), node("b")], "microvm", memory_mb=512, cpu=1.0)
+    assert refused.value.status == 422 and refused.value.code == "backend_not_offered"
+    assert refused.value.details == {"backend": "microvm", "offered": ["crun"]}
+    # no node up at all: that may change in a moment
+    with pytest.raises(NoCapacity):
+        choose([], "microvm", memory_mb=512, cpu=1.0)
