@@ -148,6 +148,8 @@ class NodeReport(_Message):
     pools: dict[str, dict[str, int]] = Field(default_factory=dict)
     sandboxes: int = 0  #: live sandboxes it holds
     sandbox_backends: list[str] = Field(default_factory=list)  #: e.g. ["crun"]
+    #: what runs each machine-backed backend's sandboxes, e.g. {"microvm": "tcg"}
+    sandbox_accelerators: dict[str, str] = Field(default_factory=dict)
     sandbox_room: int = 0  #: sandboxes it can still take
     #: memory its sandboxes may hold together (their memory limits summed; warm ones not
     #: counted: ``node.sandboxes.manager``); None: not reported

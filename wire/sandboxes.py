@@ -167,6 +167,8 @@ class SandboxStatus(_Message):
     disk_bytes: int | None = None  #: the writable layer's use
     reason: str | None = None  #: why it stopped
     phases: Phases = Field(default_factory=Phases)
+    #: what runs a microVM sandbox's machine (``kvm`` or ``tcg``); None for a container
+    accelerator: str | None = None
 
 
 class PtySize(_Message):

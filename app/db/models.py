@@ -332,6 +332,8 @@ class Sandbox(Base):
     spec: Mapped[dict[str, Any]] = mapped_column(default=dict)
     meta: Mapped[dict[str, Any]] = mapped_column(default=dict)
     reason: Mapped[str | None] = mapped_column(Text, default=None)
+    #: what runs a microVM's machine (kvm, tcg); None for a container
+    accelerator: Mapped[str | None] = mapped_column(String(8), default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     expires_at: Mapped[datetime | None] = mapped_column(default=None)

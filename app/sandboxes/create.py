@@ -159,6 +159,7 @@ class Creates:
             row.node_id = node.node_id
             row.state = status.state.value
             row.image_digest = status.image_digest
+            row.accelerator = status.accelerator
             row.started_at = datetime.now(UTC)
             row.expires_at = at(status.expires_at)
             row.queue_ms = (placed - row.created_at).total_seconds() * 1000

@@ -92,6 +92,9 @@ class SandboxOut(BaseModel):
     timings: Timings
     cpu_ms: float | None = None
     memory_bytes: int | None = None
+    accelerator: str | None = Field(
+        None, description="what runs a microVM's machine: kvm or tcg (null for a container)"
+    )
 
 
 class SandboxList(BaseModel):

@@ -185,6 +185,9 @@ class NodeAgent:
             pools=pools,
             sandboxes=self.sandboxes.live_count() if self.sandboxes is not None else 0,
             sandbox_backends=sorted(self.sandboxes.backends) if self.sandboxes is not None else [],
+            sandbox_accelerators=(
+                self.sandboxes.accelerators() if self.sandboxes is not None else {}
+            ),
             sandbox_room=self.sandboxes.room() if self.sandboxes is not None else 0,
             **capacity,
             started_at=self._started_at,

@@ -249,6 +249,12 @@ class SandboxBackend(ABC):
 
     name: ClassVar[str]
 
+    @property
+    def accelerator(self) -> str | None:
+        """What runs the sandboxes' machines (a microVM's ``kvm`` or ``tcg``); None for a
+        backend whose sandboxes share the host's kernel. Known once ``start`` returned."""
+        return None
+
     @abstractmethod
     async def start(self) -> list[str]:
         """Prepare the backend; return the ids of sandboxes a previous node process left

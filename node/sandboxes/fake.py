@@ -202,11 +202,16 @@ class FakeTerminal(Process):
 class FakeSandboxBackend(SandboxBackend):
     name = "fake"
 
-    def __init__(self) -> None:
+    def __init__(self, *, accelerator: str | None = None) -> None:
+        self._accelerator = accelerator  #: as a machine-backed backend reports one
         self.sandboxes: dict[str, _Sandbox] = {}
         self.snapshots: dict[str, dict[str, bytes]] = {}
         self.create_delay_s = 0.0  #: how long a create takes (tests of admission)
         self._pids = 1
+
+    @property
+    def accelerator(self) -> str | None:
+        return self._accelerator
 
     async def start(self) -> list[str]:
         return sorted(self.sandboxes)
@@ -405,7 +410,8 @@ def _under(path: str, top: str) -> bool:
 def _create(settings: NodeSettings) -> FakeSandboxBackend:
     if not settings.dev_mode:
         raise ValueError("the fake sandbox backend is for tests only; it needs CORRAL_DEV_MODE=1")
-    return FakeSandboxBackend()
+    accelerator = settings.fake.get("sandbox_accelerator")
+    return FakeSandboxBackend(accelerator=str(accelerator) if accelerator else None)
 
 
 register("fake", _create)

@@ -295,6 +295,7 @@ class SandboxManager:
             created_at=now,
             expires_at=now + spec.ttl_s,
             last_active_at=now,
+            accelerator=backend.accelerator,
         )
         entry = _Entry(spec, status, backend)
         self._entries[spec.sandbox_id] = entry
@@ -443,6 +444,14 @@ class SandboxManager:
 
     def inventory(self) -> list[SandboxStatus]:
         return [entry.status for entry in self._entries.values()]
+
+    def accelerators(self) -> dict[str, str]:
+        """What runs each machine-backed backend's sandboxes (``{"microvm": "tcg"}``)."""
+        return {
+            name: accelerator
+            for name, backend in sorted(self.backends.items())
+            if (accelerator := backend.accelerator) is not None
+        }
 
     def live_count(self) -> int:
         return sum(1 for e in self._entries.values() if e.status.state is not SandboxState.STOPPED)

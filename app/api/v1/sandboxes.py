@@ -85,6 +85,7 @@ def sandbox_out(row: Sandbox) -> SandboxOut:
         ),
         cpu_ms=row.cpu_ms,
         memory_bytes=row.memory_bytes,
+        accelerator=row.accelerator,
     )
 
 

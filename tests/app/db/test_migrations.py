@@ -92,7 +92,7 @@ async def test_upgrade_downgrade_upgrade(engine: AsyncEngine) -> None:
 
     await upgrade(engine, "head")
     assert await _tables(engine) == MODEL_TABLES | {"alembic_version"}
-    assert await _revision(engine) == "0015"
+    assert await _revision(engine) == "0016"
 
     await downgrade(engine, "base")
     assert await _tables(engine) == {"alembic_version"}
@@ -100,7 +100,7 @@ async def test_upgrade_downgrade_upgrade(engine: AsyncEngine) -> None:
 
     await upgrade(engine, "head")
     assert await _tables(engine) == MODEL_TABLES | {"alembic_version"}
-    assert await _revision(engine) == "0015"
+    assert await _revision(engine) == "0016"
 
 
 async def test_upgrade_is_idempotent(engine: AsyncEngine) -> None:
