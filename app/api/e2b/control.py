@@ -228,15 +228,23 @@ def routes() -> list[Route]:
         metadata = _strings(body.get("metadata"), "metadata")
         ttl_s = _timeout(body.get("timeout"), None)
         settings = services(request).settings
-        create = CreateSandbox(
-            image=TEMPLATE_IMAGES.get(template, template),
-            memory_mb=settings.e2b_sandbox_memory_mb,
-            disk_mb=settings.e2b_sandbox_disk_mb,
-            env=_strings(body.get("envVars"), "envVars"),
-            metadata=metadata | {"e2b.template": template},
-            network=_network(body.get("allow_internet_access"), body.get("network")),
-            **({} if ttl_s is None else {"ttl_s": ttl_s}),
-        )
+        # E2B has no backend field: ``metadata={"backend": "microvm"}`` chooses Corral's
+        backend = metadata.get("backend")
+        try:
+            create = CreateSandbox(
+                **({} if backend is None else {"backend": backend}),
+                image=TEMPLATE_IMAGES.get(template, template),
+                memory_mb=settings.e2b_sandbox_memory_mb,
+                disk_mb=settings.e2b_sandbox_disk_mb,
+                env=_strings(body.get("envVars"), "envVars"),
+                metadata=metadata | {"e2b.template": template},
+                network=_network(body.get("allow_internet_access"), body.get("network")),
+                **({} if ttl_s is None else {"ttl_s": ttl_s}),
+            )
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            where = ".".join(str(p) for p in error["loc"])
+            raise ValidationFailed(f"{where}: {error['msg']}" if where else error["msg"]) from None
         row = await services(request).sandboxes.create(principal, create)
         log.info("sandbox=%s tenant=%s: created for E2B", row.id, principal.tenant_id)
         return JSONResponse(created(row, access_token(request, principal, row)), status_code=201)

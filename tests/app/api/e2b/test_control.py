@@ -76,3 +76,27 @@ def test_the_list_filters_on_metadata_and_state_as_the_sdk_sends_them(
     assert sorted(seen) == sorted(both) and not pages.has_next
     for sbx in (first, second):
         assert sbx.kill() is True
+
+
+def test_metadata_names_the_backend_and_one_no_node_offers_is_refused(
+    fake_corral: Corral,
+) -> None:
+    sbx = Sandbox.create(template="python", metadata={"backend": "crun"})
+    try:
+        info = sbx.get_info()
+        assert info.metadata["backend"] == "crun"
+    finally:
+        sbx.kill()
+    with pytest.raises(SandboxException) as refused:
+        Sandbox.create(template="python", metadata={"backend": "microvm"})
+    assert "backend_not_offered" in str(refused.value) or "no node offers microvm" in str(
+        refused.value
+    )
+    assert "crun" in str(refused.value)  # the backends on offer
+
+
+def test_a_malformed_backend_in_metadata_is_a_4xx(fake_corral: Corral) -> None:
+    with pytest.raises(SandboxException) as refused:
+        Sandbox.create(template="python", metadata={"backend": "Not A Backend!"})
+    assert getattr(refused.value, "status_code", None) == 422 or "422" in str(refused.value)
+    assert "backend" in str(refused.value)
