@@ -5,17 +5,37 @@ hostile or malformed peers."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
+import shutil
+import socket
+import tempfile
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
-from node.sandboxes.microvm.channel import AgentChannel, AgentError, GuestProcess
+from node.sandboxes.microvm.channel import AgentChannel, AgentError, AgentGone, GuestProcess
 from node.sandboxes.microvm.frames import (
+    HEADER,
+    MAX_PAYLOAD,
     WINDOW,
+    Frame,
     FrameType,
+    decode,
+    encode,
+    encode_fields,
+    field_map,
 )
-from tests.node.sandboxes.microvm.conftest import Agent, alive, wait_gone
+from tests.node.sandboxes.microvm.conftest import (
+    Agent,
+    FdAgent,
+    alive,
+    descendants,
+    spawn,
+    stop,
+    wait_gone,
+)
 from tests.requirements import missing
 
 T = FrameType
@@ -204,3 +224,300 @@ async def test_exec_as_another_user(agent: Agent) -> None:
         missing("taking another user needs root")
     out, _, status = await run(agent.channel, "id", "-u", user="1000:1000")
     assert (out, status) == (b"1000\n", 0)
+
+
+# ---- files ---------------------------------------------------------------------------
+
+
+async def chunks_of(data: bytes, size: int = 100_000) -> AsyncIterator[bytes]:
+    for i in range(0, len(data), size):
+        yield data[i : i + size]
+
+
+async def read_all(channel: AgentChannel, path: str, *, user: str = "0", max_bytes: int) -> bytes:
+    entry, chunks = await channel.read_file(path, user=user, max_bytes=max_bytes)
+    assert entry["type"] == "file"
+    return b"".join([chunk async for chunk in chunks])
+
+
+async def test_file_round_trip(agent: Agent, tmp_path: Path) -> None:
+    data = os.urandom(1 << 20)
+    path = str(tmp_path / "new" / "dir" / "blob")
+    entry = await agent.channel.write_file(path, chunks_of(data), user="0", mode=0o640)
+    assert (entry["path"], entry["type"], entry["size"], entry["mode"]) == (
+        path,
+        "file",
+        str(len(data)),
+        "640",
+    )
+    assert (tmp_path / "new" / "dir").is_dir()
+    back = await read_all(agent.channel, path, max_bytes=len(data))
+    assert hashlib.sha256(back).hexdigest() == hashlib.sha256(data).hexdigest()
+
+
+async def test_empty_file(agent: Agent, tmp_path: Path) -> None:
+    path = str(tmp_path / "empty")
+    entry = await agent.channel.write_file(path, chunks_of(b""), user="0", mode=0o600)
+    assert entry["size"] == "0"
+    assert await read_all(agent.channel, path, max_bytes=0) == b""
+
+
+async def test_read_past_max(agent: Agent, tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"x" * 1000)
+    with pytest.raises(AgentError) as caught:
+        await agent.channel.read_file(str(tmp_path / "f"), user="0", max_bytes=999)
+    assert caught.value.code == "file_too_large"
+    assert await agent.channel.ping(10) >= 0
+
+
+async def test_read_a_directory_or_a_missing_file(agent: Agent, tmp_path: Path) -> None:
+    for path, code in ((tmp_path, "invalid_path"), (tmp_path / "none", "path_not_found")):
+        with pytest.raises(AgentError) as caught:
+            await agent.channel.read_file(str(path), user="0", max_bytes=10)
+        assert caught.value.code == code
+
+
+async def test_stat_list_mkdir_remove_move(agent: Agent, tmp_path: Path) -> None:
+    channel = agent.channel
+    base = str(tmp_path)
+    made = await channel.make_dir(f"{base}/a/b", user="0")
+    assert (made["type"], made["name"], made["path"]) == ("dir", "b", f"{base}/a/b")
+    (tmp_path / "a" / "b" / "f").write_text("hello")
+    (tmp_path / "a" / "link").symlink_to("b/f")
+
+    stat = await channel.stat(f"{base}/a/b/f", user="0")
+    assert (stat["type"], stat["size"], stat["owner"]) == ("file", "5", "root")
+    link = await channel.stat(f"{base}/a/link", user="0")
+    assert (link["type"], link["target"]) == ("symlink", "b/f")
+
+    one = await channel.list_dir(f"{base}/a", user="0", depth=1)
+    assert [e["path"] for e in one] == [f"{base}/a/b", f"{base}/a/link"]
+    two = await channel.list_dir(f"{base}/a", user="0", depth=2)
+    assert [e["path"] for e in two] == [f"{base}/a/b", f"{base}/a/b/f", f"{base}/a/link"]
+
+    moved = await channel.move(f"{base}/a/b/f", f"{base}/g", user="0")
+    assert (moved["path"], moved["size"]) == (f"{base}/g", "5")
+    assert not (tmp_path / "a" / "b" / "f").exists()
+
+    removed = await channel.remove(f"{base}/a", user="0")
+    assert (removed["type"], removed["path"]) == ("dir", f"{base}/a")
+    assert not (tmp_path / "a").exists()
+
+
+async def test_file_errors(agent: Agent, tmp_path: Path) -> None:
+    channel = agent.channel
+    (tmp_path / "file").write_text("x")
+    cases = [
+        (channel.stat(f"{tmp_path}/none", user="0"), "path_not_found"),
+        (channel.remove(f"{tmp_path}/none", user="0"), "path_not_found"),
+        (channel.make_dir(f"{tmp_path}/file", user="0"), "path_exists"),
+        (channel.list_dir(f"{tmp_path}/file", user="0", depth=1), "not_a_directory"),
+        (channel.stat("relative/path", user="0"), "invalid_path"),
+        (channel.move(f"{tmp_path}/none", f"{tmp_path}/x", user="0"), "path_not_found"),
+        (channel.stat(f"{tmp_path}/file", user="no-such-user-here"), "no_such_user"),
+    ]
+    for request, code in cases:
+        with pytest.raises(AgentError) as caught:
+            await request
+        assert caught.value.code == code
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory every user may write in, sticky as /tmp (tmp_path's parents are root's)."""
+    path = Path(tempfile.mkdtemp(prefix="corral-vmagent-"))
+    path.chmod(0o1777)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path)
+
+
+async def test_acting_as_a_user(agent: Agent, shared_dir: Path) -> None:
+    if os.geteuid() != 0:
+        missing("taking another user needs root")
+    secret = shared_dir / "secret"
+    secret.write_text("root only")
+    secret.chmod(0o600)
+    with pytest.raises(AgentError) as caught:
+        await agent.channel.read_file(str(secret), user="1000", max_bytes=100)
+    assert caught.value.code == "permission_denied"
+    with pytest.raises(AgentError) as caught:
+        await agent.channel.remove(str(secret), user="1000:1000")
+    assert caught.value.code == "permission_denied"
+
+    path = str(shared_dir / "sub" / "mine")
+    entry = await agent.channel.write_file(path, chunks_of(b"data"), user="1000", mode=0o644)
+    assert (entry["uid"], entry["gid"]) == ("1000", "1000")
+    assert os.stat(path).st_uid == 1000 and os.stat(shared_dir / "sub").st_uid == 1000
+    assert await read_all(agent.channel, path, user="1000", max_bytes=4) == b"data"
+
+
+async def test_write_where_the_user_may_not(agent: Agent, shared_dir: Path) -> None:
+    if os.geteuid() != 0:
+        missing("taking another user needs root")
+    closed = shared_dir / "closed"
+    closed.mkdir(mode=0o755)
+    with pytest.raises(AgentError) as caught:
+        await agent.channel.write_file(
+            str(closed / "f"), chunks_of(b"x" * WINDOW * 2), user="1000", mode=0o644
+        )
+    assert caught.value.code == "permission_denied"
+    assert not (closed / "f").exists()
+
+
+# ---- the wire: retries, malformed hosts, hostile guests -------------------------------
+
+
+def recv_frame(sock: socket.socket) -> Frame:
+    """One frame from a blocking socket (a test speaking raw frames)."""
+    raw = b""
+    while len(raw) < HEADER.size or len(raw) < HEADER.size + HEADER.unpack(raw[:12])[0]:
+        chunk = sock.recv(HEADER.size + MAX_PAYLOAD)
+        assert chunk, "the peer closed the connection"
+        raw += chunk
+    frame, rest = decode(raw)
+    assert rest == b""
+    return frame
+
+
+def test_retried_exec_starts_one_process(fd_agent: FdAgent) -> None:
+    process, ctl, _ = fd_agent
+    ctl.settimeout(10)
+    request = encode_fields([("user", "0"), ("cwd", "/"), ("arg", "sleep"), ("arg", "1000")])
+    request += b"env=PATH=" + PATH.encode() + b"\0"
+    ctl.sendall(encode(5, T.EXEC, request))
+    first = recv_frame(ctl)
+    ctl.sendall(encode(5, T.EXEC, request))
+    second = recv_frame(ctl)
+    assert first.type == second.type == T.STARTED
+    assert first.payload == second.payload
+    pid = int(field_map(first.payload)["pid"])
+    assert descendants(process.pid) == {pid}
+    ctl.sendall(encode(5, T.RELEASE) + encode(6, T.PING))
+    assert recv_frame(ctl) == Frame(6, T.PONG)
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        HEADER.pack(MAX_PAYLOAD + 1, 1, T.PING, 0),
+        encode(1, T.HELLO, b"time_ns=1"),  # fields without their final NUL
+        encode(1, T.STDOUT, b"x"),  # a type the host may not send
+    ],
+    ids=["too-large", "no-nul", "wrong-type"],
+)
+async def test_a_malformed_frame_ends_the_connection(fd_agent: FdAgent, garbage: bytes) -> None:
+    """With --ctl-fd/--data-fd the agent ends cleanly (status 0) after ending its sessions;
+    with --ctl/--data it reopens its ports (test_the_agent_reopens_its_ports)."""
+    process, ctl, data = fd_agent
+    channel = await AgentChannel.from_sockets(ctl.dup(), data.dup(), name="test-vm")
+    try:
+        command = await start(channel, "sleep", "1000")
+        below = descendants(process.pid)
+        assert below == {command.pid}
+        channel._ctl_writer.write(garbage)
+        with pytest.raises(AgentGone):
+            await collect(command)
+        assert channel.closed
+        assert await asyncio.to_thread(process.wait, 10) == 0
+        assert not await wait_gone(below)
+    finally:
+        await channel.close()
+
+
+async def test_the_agent_reopens_its_ports(agent_binary: Path, tmp_path: Path) -> None:
+    listeners = []
+    for name in ("ctl.sock", "data.sock"):
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listeners.append(listener)
+        listener.bind(str(tmp_path / name))
+        listener.listen(1)
+        listener.settimeout(10)
+    process = spawn(
+        agent_binary, "--ctl", str(tmp_path / "ctl.sock"), "--data", str(tmp_path / "data.sock")
+    )
+    try:
+        for round_ in range(2):
+            ctl, _ = listeners[0].accept()
+            data, _ = listeners[1].accept()
+            channel = await AgentChannel.from_sockets(ctl, data, name="test-vm")
+            try:
+                assert await channel.ping(10) >= 0
+                if round_ == 0:
+                    channel._ctl_writer.write(HEADER.pack(MAX_PAYLOAD + 1, 1, T.PING, 0))
+                    with pytest.raises(AgentGone):
+                        await channel.ping(10)
+                    assert process.poll() is None  # the agent runs on
+            finally:
+                await channel.close()
+    finally:
+        for listener in listeners:
+            listener.close()
+        process.kill()  # reconnecting forever: it does not end on its own
+        stop(process)
+
+
+@pytest.fixture
+def fake_guest() -> Iterator[tuple[socket.socket, socket.socket, socket.socket, socket.socket]]:
+    """Two socketpairs: (host ctl, host data, guest ctl, guest data)."""
+    ctl_host, ctl_guest = socket.socketpair()
+    data_host, data_guest = socket.socketpair()
+    try:
+        yield ctl_host, data_host, ctl_guest, data_guest
+    finally:
+        for s in (ctl_host, data_host, ctl_guest, data_guest):
+            s.close()
+
+
+async def test_a_guest_beyond_its_window_is_gone(
+    fake_guest: tuple[socket.socket, socket.socket, socket.socket, socket.socket],
+) -> None:
+    ctl_host, data_host, ctl_guest, data_guest = fake_guest
+    channel = await AgentChannel.from_sockets(ctl_host.dup(), data_host.dup(), name="fake")
+    try:
+        started = asyncio.create_task(start(channel, "yes"))
+        request = await asyncio.to_thread(recv_frame, ctl_guest)
+        assert request.type == T.EXEC
+        ctl_guest.sendall(encode(request.stream, T.STARTED, b"pid=7\0"))
+        command = await started
+        chunk = encode(request.stream, T.STDOUT, b"y" * MAX_PAYLOAD)
+        # (sent from a thread: the loop must read while the sockets fill)
+        await asyncio.to_thread(data_guest.sendall, chunk * (WINDOW // MAX_PAYLOAD))
+        assert await anext(command.events()) == ("stdout", b"y" * MAX_PAYLOAD)
+        await asyncio.to_thread(data_guest.sendall, chunk * 2)  # credit for one, two sent
+        with pytest.raises(AgentGone):
+            await channel.ping(30)  # the fake guest never answers: the failure wakes it
+        assert channel.closed  # (a ping that timed out would leave it open)
+        with pytest.raises(AgentGone):
+            async for _ in command.events():
+                pass
+        assert command.buffered <= WINDOW
+    finally:
+        await channel.close()
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        encode(999, T.PONG),  # a stream the host never opened
+        encode(0, T.STDOUT, b"x"),  # a data type on the control port
+        encode(0, T.ENTRY, b"name=x"),  # fields without their NUL
+        HEADER.pack(MAX_PAYLOAD + 1, 0, T.PONG, 0),
+    ],
+    ids=["unknown-stream", "wrong-port", "no-nul", "too-large"],
+)
+async def test_a_malformed_guest_is_gone(
+    fake_guest: tuple[socket.socket, socket.socket, socket.socket, socket.socket], frame: bytes
+) -> None:
+    ctl_host, data_host, ctl_guest, _ = fake_guest
+    channel = await AgentChannel.from_sockets(ctl_host.dup(), data_host.dup(), name="fake")
+    try:
+        pinging = asyncio.create_task(channel.ping(30))
+        await asyncio.to_thread(recv_frame, ctl_guest)
+        ctl_guest.sendall(frame)
+        with pytest.raises(AgentGone):
+            await pinging
+        assert channel.closed
+    finally:
+        await channel.close()
