@@ -1385,7 +1385,8 @@ static void push_input(struct stream *s) {
         size_t n = s->inbuf.len < MAX_PAYLOAD ? s->inbuf.len : MAX_PAYLOAD;
         uint16_t type = n ? T_FILE_DATA : T_FILE_END;
         header(pkt, (uint32_t)n, s->id, type);
-        memcpy(pkt + HDR, s->inbuf.p + s->inbuf.off, n);
+        if (n)
+            memcpy(pkt + HDR, s->inbuf.p + s->inbuf.off, n);
         if (send(s->out[0], pkt, HDR + n, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
             if (errno == EAGAIN || errno == EINTR)
                 return;

@@ -5,8 +5,10 @@ hostile or malformed peers."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
+import random
 import shutil
 import socket
 import tempfile
@@ -155,6 +157,17 @@ async def test_signal_reaches_the_whole_session(agent: Agent) -> None:
         assert not await wait_gone({child})
     finally:
         await process.release()
+
+
+async def test_a_background_child_does_not_hold_the_exit(agent: Agent) -> None:
+    """It keeps the pipes open; the command's exit still ends the exec (as with crun)."""
+    out, _, status = await run(agent.channel, "sh", "-c", "sleep 1000 & echo done")
+    assert (out, status) == (b"done\n", 0)
+
+
+async def test_a_flooding_background_child_does_not_hold_the_exit(agent: Agent) -> None:
+    out, _, status = await run(agent.channel, "sh", "-c", "yes & sleep 0.2; echo >&2 end")
+    assert status == 0 and out.startswith(b"y\n")
 
 
 async def test_flood_does_not_delay_ping_and_stays_bounded(agent: Agent) -> None:
@@ -521,3 +534,34 @@ async def test_a_malformed_guest_is_gone(
         assert channel.closed
     finally:
         await channel.close()
+
+
+def test_random_frames_never_crash_the_agent(agent_binary: Path) -> None:
+    """Random headers and payloads (fields of random bytes: no real path or command) on
+    both ports: the agent ends the connection cleanly or answers; it never dies of a
+    signal."""
+    rng = random.Random(1234)
+    for _ in range(30):
+        ctl_host, ctl_guest = socket.socketpair()
+        data_host, data_guest = socket.socketpair()
+        fds = (ctl_guest.fileno(), data_guest.fileno())
+        process = spawn(
+            agent_binary, "--ctl-fd", str(fds[0]), "--data-fd", str(fds[1]), pass_fds=fds
+        )
+        try:
+            ctl_guest.close()
+            data_guest.close()
+            for _ in range(40):
+                payload = rng.randbytes(rng.randrange(0, 300))
+                if rng.random() < 0.7:
+                    payload = payload.replace(b"\0", b"") + b"\0"
+                type_ = rng.choice([*T, 0, 5, 99, 0xFFFF])
+                length = len(payload) if rng.random() < 0.95 else rng.randrange(1 << 32)
+                frame = HEADER.pack(length, rng.randrange(4), type_, rng.randrange(2)) + payload
+                with contextlib.suppress(OSError):
+                    rng.choice((ctl_host, data_host)).sendall(frame)
+        finally:
+            ctl_host.close()
+            data_host.close()
+            stop(process)
+        assert process.returncode == 0
