@@ -1160,8 +1160,10 @@ static void file_request(uint32_t id, uint16_t type, const char *p, size_t len) 
     pid_t pid = fork();
     if (pid == 0) {
         child_signals();
-        close(sv[0]);
-        fsock = sv[1];
+        /* only its socket: no other stream's pipe or terminal, no port */
+        fsock = dup2(sv[1], 3) == 3 ? 3 : -1;
+        if (fsock < 0 || close_range(4, ~0u, 0) < 0)
+            _exit(1);
         if (take_user(&u) < 0)
             child_error("permission_denied", "cannot take the user");
         file_child(type, p, len);

@@ -1,4 +1,188 @@
-"""The host side of the microVM guest agent's protocol (the full protocol: below, soon)."""
+"""The host side of the microVM guest agent: ``AgentChannel`` over its two ports.
+
+The final protocol (the same as docs/microvm-protocol.md):
+
+# The microVM guest agent's protocol (v1) — the contract between the host and `corral-vmagent`
+
+The host (the node, Python, `node/sandboxes/microvm/channel.py`) talks to the guest agent
+(`node/sandboxes/guest/corral-vmagent.c`, built by `scripts/setup-sandboxes.sh` into
+`node/sandboxes/guest/bin/`, static C, PID 1 of the guest after
+switch_root) over two virtio-serial ports. QEMU serves each port as a Unix socket on the
+host (`-chardev socket,id=ctl,path=…/ctl.sock,server=on,wait=off -device
+virtserialport,chardev=ctl,name=corral.ctl`, the same for `corral.data`). In the guest the
+ports are character devices; the agent is given their paths as arguments:
+
+    corral-vmagent --ctl /dev/vport0p1 --data /dev/vport0p2
+
+(a PATH naming a Unix socket is connected to, as a client, so the reopening can be tested on
+the host; for tests the same binary also takes any two bidirectional fds: `--ctl-fd N
+--data-fd M`; `--no-system` makes HELLO leave the clock, the hostname and /etc/machine-id
+alone, for tests on the host).
+
+Why two ports: the control port carries only small messages (requests, replies, credits,
+pings), so a process printing without end (its output is on the data port) can never
+delay a health check, a signal or another command's reply. Why credits: the data port is
+shared by every stream; a stream may have at most its window of bytes in flight, so no
+reader (host or guest) ever buffers more than windows it granted, and one slow stream
+does not stop others.
+
+## Frames (both ports, both directions)
+
+    u32 LE  length of the payload (0 … 65536; a larger length is a protocol error: the
+            receiver drops the connection, the host then ends the sandbox as unresponsive)
+    u32 LE  stream id (0: the connection itself; otherwise chosen by the host per request)
+    u16 LE  type (below)
+    u16 LE  flags (0; reserved)
+    payload
+
+Control payloads are fields: a sequence of NUL-terminated `key=value` strings (the value
+may contain `=`; keys repeat where said: `arg`, `env`). Unknown keys are ignored. Data
+payloads are raw bytes.
+
+## Types
+
+- 1 HELLO (ctl, host→guest): `time_ns` (wall clock, ns since epoch), `entropy` (hex, 64
+  bytes: mixed into the guest's RNG with RNDADDENTROPY), `hostname` (set), `machine_id` (32
+  hex: written to /etc/machine-id on a tmpfs bind, best effort)
+- 2 HELLO_OK (ctl, guest→host): `version=1`, `pid` (the agent's, 1)
+- 3 PING (ctl, host→guest): (none)
+- 4 PONG (ctl, guest→host): same stream id as the PING
+- 10 EXEC (ctl, host→guest): `user` (name, uid, or uid:gid; resolved in the guest's
+  /etc/passwd and /etc/group; supplementary groups from /etc/group), `cwd`, `arg` (repeated,
+  argv in order; PATH searched with the env's PATH), `env` (repeated `K=V`: exactly the
+  environment), `stdin` (`1`: the host will send STDIN frames; else /dev/null), `pty`
+  (optional `COLSxROWS`: the command runs on a new terminal, stdout and stderr both the
+  terminal's output as STDOUT)
+- 11 STARTED (ctl, guest→host): `pid` (in the guest). A retried EXEC with a stream id the
+  agent already knows gets the same STARTED again, never a second process
+- 12 EXIT (data, guest→host): `status` (the raw wait status, decimal). Sent after the
+  stream's last STDOUT/STDERR frame (so it is ordered after them). When the command's
+  process has exited the agent drains what is readable then (pipes: the bytes FIONREAD
+  counted at the exit; a terminal: until a read would block, at most 1 MiB), closes its ends
+  and sends EXIT: a background child still holding the pipes does not hold the EXIT (as with
+  crun, an exec ends when its process does; RELEASE kills what is left of the session)
+- 13 SIGNAL (ctl, host→guest): `signal` (number): sent to the command's whole session
+  (`kill(-pid)`); no reply
+- 14 STDIN (data, host→guest): bytes for the command's stdin (within the window the guest
+  granted)
+- 15 STDIN_CLOSE (data, host→guest): (none): closes the command's stdin after the bytes
+  before it (on a terminal it closes only the agent's input handle: send ^D for an end of
+  file). STDIN after the command exited is dropped (and credited)
+- 16 RESIZE (ctl, host→guest): `cols`, `rows`; ERROR `not_a_terminal` when the exec has no
+  pty
+- 17 RELEASE (ctl, host→guest): the host is done with the stream (after EXIT or after giving
+  up): the agent forgets it (kills the session with SIGKILL if it still runs)
+- 20 STDOUT (data, guest→host): bytes
+- 21 STDERR (data, guest→host): bytes
+- 19 ERROR (ctl, guest→host): `code`, `message`: the request on this stream failed (codes
+  below)
+- 30 CREDIT (ctl, both): `bytes` (decimal): the sender has consumed that many more bytes of
+  this stream's data; the peer may send that many more
+- 40 FILE_READ (ctl, host→guest): `user`, `path`, `max` (bytes): open a regular file as the
+  user (O_NOFOLLOW not needed: permissions are the user's); reply FILE_INFO then FILE_DATA
+  frames then FILE_END
+- 41 FILE_INFO (ctl, guest→host): the entry's fields (below) of the opened file
+- 42 FILE_DATA (data, both): bytes of a file being read (guest→host) or written
+  (host→guest), under credit
+- 43 FILE_END (data, both): end of a file's bytes; guest→host it may carry `code`,`message`
+  when the read failed midway
+- 44 FILE_WRITE (ctl, host→guest): `user`, `path`, `mode` (octal, set exactly: the umask
+  does not apply): create/truncate as the user, parents made as needed (as the user); the
+  guest answers CREDIT (its window, 262144) once the file is open, or ERROR; the host's
+  window for a FILE_WRITE starts at 0: it sends nothing before that first CREDIT; then the
+  host sends FILE_DATA … FILE_END; the guest answers ENTRY (the written file) or ERROR (also
+  midway: the host stops sending then)
+- 45 ENTRY (ctl, guest→host): one entry's fields
+- 46 STAT (ctl, host→guest): `user`, `path` → ENTRY (lstat: a symlink is described, not
+  followed)
+- 47 LIST (ctl, host→guest): `user`, `path`, `depth` (1…64) → ENTRY frames (one per entry
+  below the directory, down to `depth` levels, all sorted by their path, bytewise; symlinks
+  are not followed; a subdirectory the user cannot read is listed, not entered) then
+  LIST_END; more than 65536 entries: ERROR `too_many`
+- 48 LIST_END (ctl, guest→host): (none)
+- 49 MKDIR (ctl, host→guest): `user`, `path` → ENTRY; ERROR `path_exists` if it exists;
+  parents made (0755, less the umask)
+- 50 REMOVE (ctl, host→guest): `user`, `path` → ENTRY of what was removed (a whole tree for
+  a directory; `/`: ERROR `invalid_path`)
+- 51 MOVE (ctl, host→guest): `user`, `source`, `destination` → ENTRY of the destination
+  (rename; across file systems: ERROR `invalid_path`)
+
+Entry fields: `name`, `path` (absolute), `type` (`file`, `dir`, `symlink`, `other`), `size`,
+`mode` (octal permission bits), `uid`, `gid`, `owner` (user name or the uid), `group`,
+`mtime_ns`, `target` (a symlink's, when `type=symlink`).
+
+Error codes (as `node/sandboxes/base.py` names them): `path_not_found`, `path_exists`,
+`not_a_directory`, `permission_denied`, `invalid_path` (relative path, a directory where a
+file is needed, …), `file_too_large` (a read past `max`), `disk_full` (ENOSPC, EDQUOT),
+`not_a_terminal`, `no_such_user`, `too_many` (the agent's bounds: streams, forks),
+`bad_request` (a malformed request: missing field, bad number), `internal`.
+
+## Windows
+
+Every stream starts with a window of 262144 bytes in each direction: the guest may send
+that many STDOUT+STDERR (or FILE_DATA) bytes of a stream before the host's CREDIT frames
+grant more; the host may send that many STDIN (or FILE_DATA) bytes before the guest's
+CREDIT. A guest stream out of credit stops reading the command's pipe (the command blocks
+on write, as on a full pipe). The host grants credit as its consumer takes the bytes.
+
+## Acting for the caller
+
+Every EXEC and every file request runs in a child the agent forks: the child takes the
+user's groups, gid and uid (setgroups, setresgid, setresuid: a non-root uid keeps no
+capability) before it touches a path, so the guest kernel enforces the user's rights; the
+agent's main loop is the only writer of both ports (children hand their bytes and results
+to it over pipes/socketpairs). A command starts its own session (setsid), so SIGNAL and
+RELEASE reach its whole tree. A command that cannot be started says why on its stderr and
+exits 127 (not found) or 126 (other), as a shell does.
+
+## Bounds the agent enforces on itself
+
+At most 1024 live streams; a frame larger than 65536 bytes, an unknown type on a stream it
+does not know, or a field list without its NUL ends the connection; requests beyond the
+bounds get ERROR `too_many`. The agent is PID 1: it reaps every orphan, ignores the signals
+it can, and never exits on its own (if a port closes it reopens it).
+
+## Streams and the connection (details the table leaves open)
+
+- The host chooses stream ids, increasing, never reused within a connection; 0 is the
+  connection's (HELLO / HELLO_OK). Requests on stream 0 get ERROR `bad_request`.
+- An exec stream lives in the agent from EXEC until RELEASE (after its EXIT too: a retried
+  EXEC still gets its STARTED); a file request's stream ends in the agent with its last
+  reply (FILE_END, ENTRY, LIST_END or ERROR). A request on an id that is live and not an
+  exec: ERROR `bad_request`.
+- `user`: a name (uid and primary gid from /etc/passwd), a uid (its passwd entry's gid, or
+  gid = uid when it has none), or `uid:gid`; supplementary groups: the /etc/group entries
+  that list the passwd name; no `user`: ERROR `bad_request`. No `cwd`: `/`. No `arg`:
+  ERROR `bad_request`. No PATH in the env:
+  `/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin`.
+- The agent ignores known types on streams it does not know (a frame in flight after a
+  stream ended). It ends the connection on: a frame longer than 65536, a type not allowed
+  on its port in its direction, a control payload without its final NUL, a CREDIT whose
+  `bytes` is not a decimal number (≤ 2^40), and STDIN/FILE_DATA beyond the window it
+  granted.
+- Ending the connection: the agent kills every stream's session (SIGKILL) and forgets every
+  stream; with `--ctl`/`--data` it closes both ports and reopens them after 100 ms (the same
+  on end of file or hangup, e.g. the host side disconnected); with `--ctl-fd`/`--data-fd`
+  it exits with status 0. The host reconnects and sends HELLO again.
+- The host ends the connection (every waiter gets `AgentGone`) on: a frame longer than
+  65536, a type not allowed on its port from the guest, fields not well formed (final NUL,
+  `key=` in each, UTF-8), a stream id it never opened (ids below its next id are streams
+  it is done with: their frames are dropped), a reply type the stream does not expect,
+  STDOUT/STDERR/FILE_DATA beyond the window the host granted, any data after EXIT or
+  FILE_END, a bad number in `bytes`, `status` or `pid`, an entry without `name`, an
+  absolute `path` and a known `type`, more than 65536 entries in a LIST, more than 8192
+  replies waiting on one stream. ERROR replies after an exec's STARTED (a RESIZE's) are
+  dropped by the host (it checks for a terminal itself).
+- HELLO: `time_ns` sets CLOCK_REALTIME; `entropy` is added with RNDADDENTROPY on
+  /dev/urandom (where that is not permitted it is written, mixed in without credit);
+  `hostname` (≤ 64 bytes) is set; `machine_id` is written to a 4 KiB tmpfs mounted at
+  /run/corral-machine-id and bound over /etc/machine-id. All best effort.
+- The agent's own buffering: it stops reading commands' output and file children while
+  either port's outgoing queue holds more than 256 KiB, and stops reading the host's
+  control port while its control queue holds more than 1 MiB.
+- Each file request's child holds only its own socket to the agent's main loop (a
+  SOCK_SEQPACKET socketpair whose packets are frames in the format above).
+"""
 
 from __future__ import annotations
 
