@@ -1558,7 +1558,8 @@ int main(int argc, char **argv) {
                         ev |= POLLOUT;
                 }
                 owner[n] = s, which[n] = k;
-                pfd[n++] = (struct pollfd){s->out[k], ev, 0};
+                /* nothing wanted: not polled at all (a hangup would wake poll for ever) */
+                pfd[n++] = (struct pollfd){ev ? s->out[k] : -1, ev, 0};
             }
             if (s->kind == K_EXEC && s->in >= 0 &&
                 (s->inbuf.len > 0 || (s->in_closed && !s->in_close_done))) {

@@ -188,6 +188,52 @@ async def test_flood_does_not_delay_ping_and_stays_bounded(agent: Agent) -> None
         await process.release()
 
 
+def cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+async def test_an_exited_command_out_of_credit_does_not_spin_the_agent(agent: Agent) -> None:
+    """The command exits with output left in its pipe and no credit: the agent waits for
+    credit without polling the hung-up pipe in a loop."""
+    process = await start(agent.channel, "head", "-c", str(WINDOW + 30000), "/dev/zero")
+    try:
+        for _ in range(500):
+            if process.buffered >= WINDOW:
+                break
+            await asyncio.sleep(0.02)
+        assert process.buffered == WINDOW
+        await asyncio.sleep(0.2)  # (the command exits meanwhile)
+        before = cpu_ticks(agent.process.pid)
+        await asyncio.sleep(1)
+        assert cpu_ticks(agent.process.pid) - before < 20  # spinning: about 100 a second
+        out, _, status = await collect(process)
+        assert (len(out), status) == (WINDOW + 30000, 0)
+    finally:
+        await process.release()
+
+
+async def test_the_agent_keeps_no_descriptors(agent: Agent, tmp_path: Path) -> None:
+    def descriptors() -> int:
+        return len(os.listdir(f"/proc/{agent.process.pid}/fd"))
+
+    await agent.channel.ping(10)
+    before = descriptors()
+    for i in range(20):
+        await run(agent.channel, "sh", "-c", "cat; echo x >&2", stdin=False)
+        process = await start(agent.channel, "true", pty=(10, 10), stdin=True)
+        await collect(process)
+        await process.release()
+        path = str(tmp_path / f"f{i}")
+        await agent.channel.write_file(path, chunks_of(b"abc"), user="0", mode=0o600)
+        assert await read_all(agent.channel, path, max_bytes=3) == b"abc"
+        await agent.channel.list_dir(str(tmp_path), user="0", depth=1)
+        with pytest.raises(AgentError):
+            await agent.channel.stat(f"{path}-none", user="0")
+    await agent.channel.ping(10)
+    assert descriptors() == before
+
+
 async def test_release_kills_a_running_command(agent: Agent) -> None:
     process = await start(agent.channel, "sh", "-c", "echo $$; exec sleep 1000")
     kind, value = await anext(process.events())
