@@ -385,6 +385,9 @@ class AgentChannel:
             self._fail(f"{port} port: {e}")
         except (OSError, EOFError) as e:
             self._fail(f"{port} port: {e!r}")
+        except Exception as e:  # a bug here must not leave every waiter hanging
+            log.exception("%s: the agent's %s port reader failed", self.name, port)
+            self._fail(f"{port} port: {e!r}")
 
     def _dispatch(self, frame: Frame, *, is_ctl: bool) -> None:
         allowed = GUEST_CTL if is_ctl else GUEST_DATA
@@ -498,7 +501,11 @@ class AgentChannel:
             self._streams[0] = stream
             try:
                 await self._send(0, T.HELLO, encode_fields(fields))
-                await self._reply(stream)
+                reply = await self._reply(stream)
+                version = dict(decode_fields(reply.payload)).get("version")
+                if version != "1":
+                    self._fail(f"the agent speaks protocol version {version!r}, not 1")
+                    raise self._gone()
             finally:
                 self._streams.pop(0, None)
 

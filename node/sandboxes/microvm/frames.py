@@ -74,8 +74,9 @@ GUEST_DATA = frozenset({T.EXIT, T.STDOUT, T.STDERR, T.FILE_DATA, T.FILE_END})
 RAW = frozenset({T.STDIN, T.STDOUT, T.STDERR, T.FILE_DATA})
 
 
-class FrameError(Exception):
-    """Bytes that are not a well-formed frame or field list."""
+class FrameError(ValueError):
+    """Bytes that are not a well-formed frame or field list (or values that cannot be
+    encoded as one)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -611,3 +611,42 @@ def test_random_frames_never_crash_the_agent(agent_binary: Path) -> None:
             data_host.close()
             stop(process)
         assert process.returncode == 0
+
+
+async def test_fake_guest_replies(
+    fake_guest: tuple[socket.socket, socket.socket, socket.socket, socket.socket],
+) -> None:
+    """A ping that times out leaves the channel open; late frames of a stream the host is
+    done with are dropped; an ERROR reply raises AgentError; a wrong version is gone."""
+    ctl_host, data_host, ctl_guest, data_guest = fake_guest
+    channel = await AgentChannel.from_sockets(ctl_host.dup(), data_host.dup(), name="fake")
+    try:
+        with pytest.raises(AgentGone):
+            await channel.ping(0.05)
+        assert not channel.closed
+        ping = await asyncio.to_thread(recv_frame, ctl_guest)
+        ctl_guest.sendall(encode(ping.stream, T.PONG))  # late: dropped
+        await asyncio.to_thread(data_guest.sendall, encode(ping.stream, T.STDOUT, b"late"))
+
+        statting = asyncio.create_task(channel.stat("/x", user="0"))
+        request = await asyncio.to_thread(recv_frame, ctl_guest)
+        assert request.type == T.STAT
+        assert field_map(request.payload) == {"user": "0", "path": "/x"}
+        error = encode_fields({"code": "path_not_found", "message": "/x: no"})
+        ctl_guest.sendall(encode(request.stream, T.ERROR, error))
+        with pytest.raises(AgentError) as caught:
+            await statting
+        assert (caught.value.code, caught.value.message) == ("path_not_found", "/x: no")
+        assert not channel.closed
+
+        hello = asyncio.create_task(
+            channel.hello(time_ns=1, entropy=b"\0" * 64, hostname="h", machine_id="0" * 32)
+        )
+        request = await asyncio.to_thread(recv_frame, ctl_guest)
+        assert request.type == T.HELLO and request.stream == 0
+        ctl_guest.sendall(encode(0, T.HELLO_OK, b"version=2\0pid=1\0"))
+        with pytest.raises(AgentGone):
+            await hello
+        assert channel.closed
+    finally:
+        await channel.close()
