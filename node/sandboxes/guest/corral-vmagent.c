@@ -535,9 +535,13 @@ static struct stream *new_stream(uint32_t id, int kind) {
     return s;
 }
 
+static int conn_used; /* a frame came on this connection (else it ends quietly) */
+
 static void drop_connection(const char *why) {
     conn_epoch++;
-    fprintf(stderr, "corral-vmagent: connection ended: %s\n", why);
+    if (conn_used || fd_mode)
+        fprintf(stderr, "corral-vmagent: connection ended: %s\n", why);
+    conn_used = 0;
     while (nstreams > 0)
         forget(streams[0], 1);
     close_fd(&ctl.fd);
@@ -595,7 +599,9 @@ static void hello(uint32_t id, const char *p, size_t len) {
     if (h && *h && strlen(h) <= 64 && !no_system && sethostname(h, strlen(h)) < 0)
         perror("corral-vmagent: sethostname");
     unsigned char mid[16];
-    if (m && unhex(m, mid, 16) == 0 && !no_system) {
+    static int machine_id_set; /* once: a HELLO after a reconnection stacks nothing */
+    if (m && unhex(m, mid, 16) == 0 && !no_system && !machine_id_set) {
+        machine_id_set = 1;
         /* a tmpfs of its own, bound over /etc/machine-id */
         mkdir("/run/corral-machine-id", 0755);
         if (mount("tmpfs", "/run/corral-machine-id", "tmpfs", 0, "size=4k,mode=0755") == 0) {
@@ -1290,6 +1296,7 @@ static void read_port(struct port *pt, int is_ctl) {
                 return drop_connection("a field list without its NUL");
             uint32_t id = get_u32(h + 4);
             uint16_t type = get_u16(h + 8);
+            conn_used = 1;
             unsigned epoch = conn_epoch;
             int rc = is_ctl ? ctl_frame(id, type, p, len) : data_frame(id, type, p, len);
             if (rc < 0)
