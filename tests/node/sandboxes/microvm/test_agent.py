@@ -650,3 +650,43 @@ async def test_fake_guest_replies(
         assert channel.closed
     finally:
         await channel.close()
+
+
+async def test_connect_to_the_sockets_qemu_serves(agent_binary: Path, tmp_path: Path) -> None:
+    """As with QEMU: the host connects to two listening Unix sockets; the agent gets the
+    accepted ends (here as descriptors)."""
+    with pytest.raises(AgentGone):
+        await AgentChannel.connect(
+            str(tmp_path / "none.sock"), str(tmp_path / "none2.sock"), timeout=5
+        )
+    listeners = []
+    accepted: list[socket.socket] = []
+    process = None
+    try:
+        for name in ("ctl.sock", "data.sock"):
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listeners.append(listener)
+            listener.bind(str(tmp_path / name))
+            listener.listen(1)
+        channel = await AgentChannel.connect(
+            str(tmp_path / "ctl.sock"), str(tmp_path / "data.sock"), timeout=5, name="vm-1"
+        )
+        try:
+            accepted = [listener.accept()[0] for listener in listeners]
+            fds = (accepted[0].fileno(), accepted[1].fileno())
+            process = spawn(
+                agent_binary, "--ctl-fd", str(fds[0]), "--data-fd", str(fds[1]), pass_fds=fds
+            )
+            for s in accepted:
+                s.close()
+            assert await channel.ping(10) >= 0
+            out, _, status = await run(channel, "echo", "hi")
+            assert (out, status) == (b"hi\n", 0)
+        finally:
+            await channel.close()
+    finally:
+        for s in (*listeners, *accepted):
+            s.close()
+        if process is not None:
+            stop(process)
+            assert process.returncode == 0
