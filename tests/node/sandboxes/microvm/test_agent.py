@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
+import pwd
 import random
 import shutil
 import socket
@@ -42,6 +43,8 @@ from tests.requirements import missing
 
 T = FrameType
 PATH = "/usr/local/bin:/usr/bin:/bin"
+#: the user commands and file requests act as (the agent takes other users as root only)
+ME = str(os.geteuid())
 
 
 async def start(
@@ -49,7 +52,7 @@ async def start(
     *argv: str,
     env: dict[str, str] | None = None,
     cwd: str = "/",
-    user: str = "0",
+    user: str = ME,
     stdin: bool = False,
     pty: tuple[int, int] | None = None,
 ) -> GuestProcess:
@@ -225,11 +228,11 @@ async def test_the_agent_keeps_no_descriptors(agent: Agent, tmp_path: Path) -> N
         await collect(process)
         await process.release()
         path = str(tmp_path / f"f{i}")
-        await agent.channel.write_file(path, chunks_of(b"abc"), user="0", mode=0o600)
+        await agent.channel.write_file(path, chunks_of(b"abc"), user=ME, mode=0o600)
         assert await read_all(agent.channel, path, max_bytes=3) == b"abc"
-        await agent.channel.list_dir(str(tmp_path), user="0", depth=1)
+        await agent.channel.list_dir(str(tmp_path), user=ME, depth=1)
         with pytest.raises(AgentError):
-            await agent.channel.stat(f"{path}-none", user="0")
+            await agent.channel.stat(f"{path}-none", user=ME)
     await agent.channel.ping(10)
     assert descriptors() == before
 
@@ -293,7 +296,7 @@ async def chunks_of(data: bytes, size: int = 100_000) -> AsyncIterator[bytes]:
         yield data[i : i + size]
 
 
-async def read_all(channel: AgentChannel, path: str, *, user: str = "0", max_bytes: int) -> bytes:
+async def read_all(channel: AgentChannel, path: str, *, user: str = ME, max_bytes: int) -> bytes:
     entry, chunks = await channel.read_file(path, user=user, max_bytes=max_bytes)
     assert entry["type"] == "file"
     return b"".join([chunk async for chunk in chunks])
@@ -302,7 +305,7 @@ async def read_all(channel: AgentChannel, path: str, *, user: str = "0", max_byt
 async def test_file_round_trip(agent: Agent, tmp_path: Path) -> None:
     data = os.urandom(1 << 20)
     path = str(tmp_path / "new" / "dir" / "blob")
-    entry = await agent.channel.write_file(path, chunks_of(data), user="0", mode=0o640)
+    entry = await agent.channel.write_file(path, chunks_of(data), user=ME, mode=0o640)
     assert (entry["path"], entry["type"], entry["size"], entry["mode"]) == (
         path,
         "file",
@@ -316,7 +319,7 @@ async def test_file_round_trip(agent: Agent, tmp_path: Path) -> None:
 
 async def test_empty_file(agent: Agent, tmp_path: Path) -> None:
     path = str(tmp_path / "empty")
-    entry = await agent.channel.write_file(path, chunks_of(b""), user="0", mode=0o600)
+    entry = await agent.channel.write_file(path, chunks_of(b""), user=ME, mode=0o600)
     assert entry["size"] == "0"
     assert await read_all(agent.channel, path, max_bytes=0) == b""
 
@@ -324,7 +327,7 @@ async def test_empty_file(agent: Agent, tmp_path: Path) -> None:
 async def test_read_past_max(agent: Agent, tmp_path: Path) -> None:
     (tmp_path / "f").write_bytes(b"x" * 1000)
     with pytest.raises(AgentError) as caught:
-        await agent.channel.read_file(str(tmp_path / "f"), user="0", max_bytes=999)
+        await agent.channel.read_file(str(tmp_path / "f"), user=ME, max_bytes=999)
     assert caught.value.code == "file_too_large"
     assert await agent.channel.ping(10) >= 0
 
@@ -332,33 +335,37 @@ async def test_read_past_max(agent: Agent, tmp_path: Path) -> None:
 async def test_read_a_directory_or_a_missing_file(agent: Agent, tmp_path: Path) -> None:
     for path, code in ((tmp_path, "invalid_path"), (tmp_path / "none", "path_not_found")):
         with pytest.raises(AgentError) as caught:
-            await agent.channel.read_file(str(path), user="0", max_bytes=10)
+            await agent.channel.read_file(str(path), user=ME, max_bytes=10)
         assert caught.value.code == code
 
 
 async def test_stat_list_mkdir_remove_move(agent: Agent, tmp_path: Path) -> None:
     channel = agent.channel
     base = str(tmp_path)
-    made = await channel.make_dir(f"{base}/a/b", user="0")
+    made = await channel.make_dir(f"{base}/a/b", user=ME)
     assert (made["type"], made["name"], made["path"]) == ("dir", "b", f"{base}/a/b")
     (tmp_path / "a" / "b" / "f").write_text("hello")
     (tmp_path / "a" / "link").symlink_to("b/f")
 
-    stat = await channel.stat(f"{base}/a/b/f", user="0")
-    assert (stat["type"], stat["size"], stat["owner"]) == ("file", "5", "root")
-    link = await channel.stat(f"{base}/a/link", user="0")
+    stat = await channel.stat(f"{base}/a/b/f", user=ME)
+    assert (stat["type"], stat["size"], stat["owner"]) == (
+        "file",
+        "5",
+        pwd.getpwuid(os.geteuid()).pw_name,
+    )
+    link = await channel.stat(f"{base}/a/link", user=ME)
     assert (link["type"], link["target"]) == ("symlink", "b/f")
 
-    one = await channel.list_dir(f"{base}/a", user="0", depth=1)
+    one = await channel.list_dir(f"{base}/a", user=ME, depth=1)
     assert [e["path"] for e in one] == [f"{base}/a/b", f"{base}/a/link"]
-    two = await channel.list_dir(f"{base}/a", user="0", depth=2)
+    two = await channel.list_dir(f"{base}/a", user=ME, depth=2)
     assert [e["path"] for e in two] == [f"{base}/a/b", f"{base}/a/b/f", f"{base}/a/link"]
 
-    moved = await channel.move(f"{base}/a/b/f", f"{base}/g", user="0")
+    moved = await channel.move(f"{base}/a/b/f", f"{base}/g", user=ME)
     assert (moved["path"], moved["size"]) == (f"{base}/g", "5")
     assert not (tmp_path / "a" / "b" / "f").exists()
 
-    removed = await channel.remove(f"{base}/a", user="0")
+    removed = await channel.remove(f"{base}/a", user=ME)
     assert (removed["type"], removed["path"]) == ("dir", f"{base}/a")
     assert not (tmp_path / "a").exists()
 
@@ -367,12 +374,12 @@ async def test_file_errors(agent: Agent, tmp_path: Path) -> None:
     channel = agent.channel
     (tmp_path / "file").write_text("x")
     cases = [
-        (channel.stat(f"{tmp_path}/none", user="0"), "path_not_found"),
-        (channel.remove(f"{tmp_path}/none", user="0"), "path_not_found"),
-        (channel.make_dir(f"{tmp_path}/file", user="0"), "path_exists"),
-        (channel.list_dir(f"{tmp_path}/file", user="0", depth=1), "not_a_directory"),
-        (channel.stat("relative/path", user="0"), "invalid_path"),
-        (channel.move(f"{tmp_path}/none", f"{tmp_path}/x", user="0"), "path_not_found"),
+        (channel.stat(f"{tmp_path}/none", user=ME), "path_not_found"),
+        (channel.remove(f"{tmp_path}/none", user=ME), "path_not_found"),
+        (channel.make_dir(f"{tmp_path}/file", user=ME), "path_exists"),
+        (channel.list_dir(f"{tmp_path}/file", user=ME, depth=1), "not_a_directory"),
+        (channel.stat("relative/path", user=ME), "invalid_path"),
+        (channel.move(f"{tmp_path}/none", f"{tmp_path}/x", user=ME), "path_not_found"),
         (channel.stat(f"{tmp_path}/file", user="no-such-user-here"), "no_such_user"),
     ]
     for request, code in cases:
@@ -443,7 +450,7 @@ def recv_frame(sock: socket.socket) -> Frame:
 def test_retried_exec_starts_one_process(fd_agent: FdAgent) -> None:
     process, ctl, _ = fd_agent
     ctl.settimeout(10)
-    request = encode_fields([("user", "0"), ("cwd", "/"), ("arg", "sleep"), ("arg", "1000")])
+    request = encode_fields([("user", ME), ("cwd", "/"), ("arg", "sleep"), ("arg", "1000")])
     request += b"env=PATH=" + PATH.encode() + b"\0"
     ctl.sendall(encode(5, T.EXEC, request))
     first = recv_frame(ctl)
@@ -628,10 +635,10 @@ async def test_fake_guest_replies(
         ctl_guest.sendall(encode(ping.stream, T.PONG))  # late: dropped
         await asyncio.to_thread(data_guest.sendall, encode(ping.stream, T.STDOUT, b"late"))
 
-        statting = asyncio.create_task(channel.stat("/x", user="0"))
+        statting = asyncio.create_task(channel.stat("/x", user=ME))
         request = await asyncio.to_thread(recv_frame, ctl_guest)
         assert request.type == T.STAT
-        assert field_map(request.payload) == {"user": "0", "path": "/x"}
+        assert field_map(request.payload) == {"user": ME, "path": "/x"}
         error = encode_fields({"code": "path_not_found", "message": "/x: no"})
         ctl_guest.sendall(encode(request.stream, T.ERROR, error))
         with pytest.raises(AgentError) as caught:
