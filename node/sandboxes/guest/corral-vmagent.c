@@ -108,6 +108,8 @@ static void buf_reserve(struct buf *b, size_t more) {
 }
 
 static void buf_add(struct buf *b, const void *data, size_t n) {
+    if (n == 0)
+        return;
     buf_reserve(b, n);
     memcpy(b->p + b->off + b->len, data, n);
     b->len += n;
