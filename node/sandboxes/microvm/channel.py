@@ -444,6 +444,7 @@ class AgentChannel:
     def _forget(self, stream: _Stream, *, release: bool) -> None:
         if self._streams.pop(stream.id, None) is None:
             return
+        stream.event.set()  # wake its waiters: they see it is gone
         if release and not self._closed:
             self._ctl_writer.write(encode(stream.id, T.RELEASE))
 
@@ -682,6 +683,8 @@ class GuestProcess:
         stream = self._stream
         while True:
             while not stream.data:
+                if self._released:
+                    return  # (released before its exit: no more events)
                 await self._channel._wait(stream)
             frame = stream.data.popleft()
             if frame.type == T.EXIT:
@@ -696,7 +699,7 @@ class GuestProcess:
         stream = self._stream
         view = memoryview(data)
         while view:
-            while stream.send_credit == 0 and not stream.ended:
+            while stream.send_credit == 0 and not stream.ended and not self._released:
                 await self._channel._wait(stream)
             if stream.ended or self._released:
                 return

@@ -246,6 +246,24 @@ async def test_release_kills_a_running_command(agent: Agent) -> None:
     assert await agent.channel.ping(10) >= 0
 
 
+async def test_release_ends_waiting_readers_and_writers(agent: Agent) -> None:
+    process = await start(agent.channel, "sleep", "1000", stdin=True)  # reads no input
+    try:
+        writer = asyncio.create_task(process.write_stdin(b"x" * (4 * WINDOW)))
+        reader = asyncio.create_task(collect(process))
+        for _ in range(500):
+            if process._stream.send_credit == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert process._stream.send_credit == 0  # the writer waits for credit
+        assert not writer.done() and not reader.done()
+    finally:
+        await process.release()
+    await writer
+    assert await reader == (b"", b"", -1)  # no exit: released first
+    assert await agent.channel.ping(10) >= 0
+
+
 async def test_pty_and_resize(agent: Agent) -> None:
     process = await start(
         agent.channel, "sh", "-c", "stty size; read x; stty size", stdin=True, pty=(80, 24)
