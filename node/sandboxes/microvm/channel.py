@@ -145,7 +145,7 @@ it can, and never exits on its own (if a port closes it reopens it).
 ## Streams and the connection (details the table leaves open)
 
 - The host chooses stream ids, increasing, never reused within a connection; 0 is the
-  connection's (HELLO / HELLO_OK). Requests on stream 0 get ERROR `bad_request`.
+  connection's (HELLO / HELLO_OK). EXEC and file requests on stream 0: ERROR `bad_request`.
 - An exec stream lives in the agent from EXEC until RELEASE (after its EXIT too: a retried
   EXEC still gets its STARTED); a file request's stream ends in the agent with its last
   reply (FILE_END, ENTRY, LIST_END or ERROR). A request on an id that is live and not an
