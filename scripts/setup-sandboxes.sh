@@ -23,6 +23,15 @@ if [[ ! -x "$bin" || "$src" -nt "$bin" ]]; then
     echo "setup-sandboxes: built $bin"
 fi
 
+src=node/sandboxes/guest/corral-vmagent.c
+bin=node/sandboxes/guest/bin/corral-vmagent
+if [[ ! -x "$bin" || "$src" -nt "$bin" ]]; then
+    mkdir -p "$(dirname "$bin")"
+    gcc -static -O2 -Wall -Werror -o "$bin.tmp" "$src"
+    mv "$bin.tmp" "$bin"
+    echo "setup-sandboxes: built $bin"
+fi
+
 if [[ -d /sys/fs/cgroup/memory ]] && ! mountpoint -q /sys/fs/cgroup/hugetlb; then
     if [[ $(id -u) -eq 0 ]]; then
         mkdir -p /sys/fs/cgroup/hugetlb
