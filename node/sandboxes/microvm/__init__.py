@@ -1,0 +1,1 @@
+"""MicroVM sandboxes: QEMU ``-M microvm`` guests (docs/microvm.md)."""
