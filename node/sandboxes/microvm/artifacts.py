@@ -37,6 +37,7 @@ from node.sandboxes.base import RootImage, SandboxError, Unsupported
 from node.sandboxes.microvm.initramfs import (
     GUEST_MODULES,
     INIT_SCRIPT,
+    TOOLS,
     Member,
     gzip_cpio,
     module_order,
@@ -200,8 +201,8 @@ class Artifacts:
             modules = module_order(modules_dir, GUEST_MODULES)
         except (LookupError, OSError) as e:
             raise ArtifactError(f"guest kernel modules: {e}") from e
-        top = "bin dev etc etc/corral lib lib/modules lib64 newroot proc sys tmp sbin usr"
-        members = [Member(d, 0o755) for d in (*top.split(), "usr/bin", "usr/sbin")]
+        top = "bin dev etc etc/corral lib lib/modules newroot proc sys tmp"
+        members = [Member(d, 0o755) for d in top.split()]
         members.append(Member("bin/busybox", 0o755, self._busybox.read_bytes()))
         members.append(Member("init", 0o755, init.encode()))
         members.append(Member("etc/mtab", 0o777, target="/proc/mounts"))
@@ -213,20 +214,12 @@ class Artifacts:
             members.append(Member(f"lib/modules/{name}", 0o644, (modules_dir / rel).read_bytes()))
             names.append(name)
         members.append(Member("etc/corral/modules", 0o644, ("\n".join(names) + "\n").encode()))
-        if self._resize2fs.exists():
-            members.append(Member("bin/resize2fs", 0o755, self._resize2fs.read_bytes()))
-            dirs = {"lib", "lib64", "bin", "sbin", "usr", "usr/bin", "usr/sbin"}
-            for lib in _shared_libraries(self._resize2fs):
-                real = lib.resolve()
-                rel = str(lib).lstrip("/")
-                parent = str(Path(rel).parent)
-                parts = Path(parent).parts
-                for i in range(1, len(parts) + 1):
-                    d = "/".join(parts[:i])
-                    if d not in dirs:
-                        dirs.add(d)
-                        members.append(Member(d, 0o755))
-                members.append(Member(rel, 0o755, real.read_bytes()))
+        members += [Member(TOOLS, 0o755), Member(f"{TOOLS}/lib", 0o755)]
+        members.append(Member(f"{TOOLS}/resize2fs", 0o755, self._resize2fs.read_bytes()))
+        for lib in _shared_libraries(self._resize2fs):
+            data = lib.resolve().read_bytes()
+            name = "ld.so" if lib.name.startswith("ld-linux") else lib.name
+            members.append(Member(f"{TOOLS}/lib/{name}", 0o755, data))
         members.append(Member("corral-vmagent", 0o755, agent.read_bytes()))
         return members
 

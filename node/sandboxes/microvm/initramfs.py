@@ -1,5 +1,6 @@
 """The guest's initramfs: a newc cpio (gzip) of busybox-static, the kernel modules the
-root disk and the agent's ports need, resize2fs (with its libraries), the agent, and the
+root disk and the agent's ports need, resize2fs (with its libraries, run through their own
+loader: ``GROW_FS_ARGV``), the agent, and the
 ``/init`` script below (docs/microvm.md, "The guest").
 """
 
@@ -22,6 +23,19 @@ GUEST_MODULES = ("virtio_mmio", "virtio_console", "virtio_blk")
 #: where the agent lands in the new root (a tmpfs of its own)
 AGENT_DIR = "/.corral"
 AGENT_NAME = "corral-vmagent"
+#: resize2fs and the libraries it loads (the loader as ``lib/ld.so``), in the initramfs at
+#: ``/tools`` and copied to ``/.corral/tools`` in the new root
+TOOLS = "tools"
+
+#: the command that grows the root file system to its disk (after ``Vm.resize_disk``):
+#: it runs from the agent's tmpfs whatever the image holds
+GROW_FS_ARGV = (
+    f"{AGENT_DIR}/{TOOLS}/lib/ld.so",
+    "--library-path",
+    f"{AGENT_DIR}/{TOOLS}/lib",
+    f"{AGENT_DIR}/{TOOLS}/resize2fs",
+    "/dev/vda",
+)
 
 # PID 1 of the initramfs. It prints every failure on the serial console and then ends
 # the machine: `reboot -f` (reboot=t on the kernel command line, and QEMU's -no-reboot
@@ -54,12 +68,14 @@ while [ ! -b /dev/vda ]; do
 done
 mount -t ext4 -o noinit_itable /dev/vda /newroot || fail "cannot mount the root disk /dev/vda"
 # the overlay may be larger than the image's file system: grow it online to the disk
-resize2fs /dev/vda > /tmp/resize.log 2>&1 || fail "resize2fs /dev/vda: $(cat /tmp/resize.log)"
+/tools/lib/ld.so --library-path /tools/lib /tools/resize2fs /dev/vda > /tmp/resize.log 2>&1 \
+    || fail "resize2fs /dev/vda: $(cat /tmp/resize.log)"
 [ -d /newroot/.corral ] || mkdir -m 0755 /newroot/.corral || fail "cannot make /.corral"
 mount -t tmpfs -o size=16m,mode=0755,nosuid,nodev corral /newroot/.corral \
     || fail "cannot mount /.corral"
 cp /corral-vmagent /newroot/.corral/corral-vmagent && chmod 0755 /newroot/.corral/corral-vmagent \
     || fail "cannot copy the agent"
+cp -a /tools /newroot/.corral/tools || fail "cannot copy the tools"
 ctl=
 data=
 i=0

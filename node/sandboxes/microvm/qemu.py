@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from node.sandboxes.base import BackendUnavailable, SandboxError, SandboxNotRunning
+from node.sandboxes.base import BackendUnavailable, SandboxError, SandboxNotRunning, Unsupported
 from node.sandboxes.microvm.artifacts import Artifacts, make_overlay
 from node.sandboxes.microvm.initramfs import CTL_PORT, DATA_PORT
 from node.sandboxes.microvm.qmp import Qmp, QmpError
@@ -348,12 +348,14 @@ class Vm:
     async def restore(
         cls, run_root: Path, vm_id: str, template: Template, *, disk_size: int | None = None
     ) -> Vm:
-        """A clone of ``template``, running on from where the template was saved."""
+        """A clone of ``template``, running on from where the template was saved. A
+        ``disk_size`` larger than the template's grows the disk once the clone runs (the
+        guest sees the new size; its file system grows when ``GROW_FS_ARGV`` runs in it)."""
         config = template.config
         if config.memory_file is None:
             raise ValueError("a template has its memory in a file")
         vm = await cls._start(
-            run_root, vm_id, config, disk_base=template.disk, disk_size=disk_size, incoming=True
+            run_root, vm_id, config, disk_base=template.disk, disk_size=None, incoming=True
         )
         try:
             qmp = vm._monitor()
@@ -381,6 +383,8 @@ class Vm:
                 if time.monotonic() > deadline or vm._proc.returncode is not None:
                     raise VmError(f"VM {vm_id}: restore did not finish")
                 await asyncio.sleep(0.002)
+            if disk_size is not None:
+                await vm.resize_disk(disk_size)
         except BaseException:
             await vm.kill()
             raise
@@ -498,6 +502,27 @@ class Vm:
     async def resume(self) -> None:
         await self._monitor().execute("cont")
 
+    async def resize_disk(self, size_bytes: int) -> None:
+        """Grow the VM's disk to ``size_bytes`` while it runs (never shrinks it: a smaller
+        size is refused); the guest kernel sees the new size at once, its file system grows
+        when the guest runs ``GROW_FS_ARGV``."""
+        qmp = self._monitor()
+        blocks = await qmp.execute("query-block")
+        current = next(
+            (
+                int(b["inserted"]["image"]["virtual-size"])
+                for b in blocks
+                if b.get("device") == "root" and "inserted" in b
+            ),
+            None,
+        )
+        if current is None:
+            raise VmError(f"VM {self.id} has no disk")
+        if size_bytes < current:
+            raise Unsupported(f"a disk cannot shrink ({current} to {size_bytes} bytes)")
+        if size_bytes > current:
+            await qmp.execute("block_resize", {"device": "root", "size": size_bytes})
+
     async def status(self) -> str:
         """QEMU's run state ("running", "paused", …)."""
         return str((await self._monitor().execute("query-status")).get("status"))
@@ -581,10 +606,12 @@ class Vm:
 
     async def _stop_process(self) -> None:
         if self._proc.returncode is None:
+            # os.kill, not Popen.kill: that polls first and may reap QEMU under asyncio's
+            # child watcher (which would then report 255). Unreaped, the pid is still ours.
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self._proc.pid, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError):
-                self._proc.kill()
+                os.kill(self._proc.pid, signal.SIGKILL)
         _kill_cgroup_tasks(self._cgroups)
         await self._proc.wait()
         for task in self._tasks:

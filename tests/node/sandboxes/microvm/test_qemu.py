@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from node.sandboxes.base import SandboxNotRunning
+from node.sandboxes.base import SandboxNotRunning, Unsupported
 from node.sandboxes.microvm import qemu
 from node.sandboxes.microvm.qemu import Template, Vm, VmConfig
 from tests.node.sandboxes.microvm.conftest import (
@@ -104,6 +104,26 @@ async def test_clones_restore_from_the_template_each_with_its_own_disk(
     finally:
         for vm in clones:
             await vm.kill()
+
+
+async def test_a_clone_with_a_larger_disk_grows_its_file_system(
+    vm_env: VmEnv, template: Template
+) -> None:
+    vm = await Vm.restore(vm_env.run_root, vm_env.new_id("grow"), template, disk_size=200 * MIB)
+    try:
+        agent, _ = await Agent.connect(vm)
+        try:
+            before = int(await agent.ask("size"))
+            assert before < 100 * 1024  # the template's 96 MiB
+            assert await agent.ask("grow", timeout=60) == "ok"
+            assert int(await agent.ask("size")) > 150 * 1024
+            assert await agent.ask("read") == "template-data"
+        finally:
+            agent.close()
+        with pytest.raises(Unsupported):
+            await vm.resize_disk(100 * MIB)
+    finally:
+        await vm.kill()
 
 
 async def test_pause_stops_the_guest_and_resume_lets_it_answer(
