@@ -18,7 +18,7 @@ DATA_PORT = "corral.data"
 
 #: modules the guest needs, loaded with their dependencies first (modules.dep); the ones
 #: a kernel has built in are left out
-GUEST_MODULES = ("virtio_mmio", "virtio_console", "virtio_blk")
+GUEST_MODULES = ("virtio_mmio", "virtio_console", "virtio_blk", "ext4")
 
 #: where the agent lands in the new root (a tmpfs of its own)
 AGENT_DIR = "/.corral"

@@ -254,7 +254,10 @@ async def _make_template(vm_env: VmEnv) -> Template:
         tmpl = await vm.save_template(
             vm_env.root / "templates" / "t.state", vm_env.root / "templates" / "t.qcow2"
         )
-        print(f"template: saved in {time.monotonic() - started:.3f} s")
+        print(
+            f"template: saved in {time.monotonic() - started:.3f} s, "
+            f"state {tmpl.state.stat().st_size} bytes"
+        )
     finally:
         await vm.kill()
     return tmpl
