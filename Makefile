@@ -29,6 +29,7 @@ run: $(STAMP)
 	@bash scripts/setup-wasm.sh
 	@bash scripts/setup-images.sh
 	@bash scripts/setup-sandboxes.sh
+	@bash scripts/setup-microvm.sh
 	@bash scripts/setup-console.sh
 	@exec bash scripts/run
 
@@ -37,6 +38,7 @@ test: $(STAMP)
 	@bash scripts/setup-wasm.sh
 	@bash scripts/setup-images.sh
 	@bash scripts/setup-sandboxes.sh
+	@bash scripts/setup-microvm.sh
 	@bash scripts/setup-console.sh --browser
 	@set -a; eval "$$(bash scripts/services.sh)"; set +a; \
 	  CORRAL_TEST_REQUIRE_SERVICES=1 $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)

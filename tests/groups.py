@@ -7,7 +7,7 @@ of one group touch something of the host that has one name or one address for th
 machine, so two of them must never run at once; tests of different groups share none of
 it, so the groups run beside each other (and beside everything else):
 
-* ``crun``: real containers (marker ``crun``, and ``kvm``) and the ``outside`` host.
+* ``crun``: real containers (marker ``crun``) and the ``outside`` host.
   They share the sandboxes' cgroup parent (``corral-sandboxes``, where they have fixed names
   such as ``sbx-busy``), the default sandbox network (its /30s, its nftables table and
   its host-wide lock), ``/run/corral`` (LXCFS, corral-init) and the network namespace and
@@ -15,6 +15,9 @@ it, so the groups run beside each other (and beside everything else):
 * ``nsjail``: real jails (marker ``nsjail``, the SandboxFusion and verl clients among
   them). They share nsjail's cgroup v1 parent (``CORRAL``), and some look through the host's
   processes for what a jail left behind (nobody's ``sleep``, nsjail children).
+* ``microvm``: real QEMU microVMs (marker ``microvm``). They share the VMs' cgroup v1
+  parent (``corral-vm``) and the user QEMU runs as, and each boot takes a core for seconds
+  under TCG.
 * ``integration``: real corral processes (marker ``integration``), killed and restarted
   with private PostgreSQL and Redis servers; they judge dead-node timeouts, so they run
   one at a time.
@@ -40,7 +43,8 @@ import pytest
 
 #: group -> the markers and fixtures that put a test in it, in order of precedence
 GROUPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "crun": (("crun", "kvm"), ("outside",)),
+    "crun": (("crun",), ("outside",)),
+    "microvm": (("microvm",), ()),
     "nsjail": (("nsjail",), ()),
     "integration": (("integration",), ()),
     "browser": (("browser",), ()),

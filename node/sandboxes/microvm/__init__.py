@@ -1,1 +1,1 @@
-"""MicroVM sandboxes (QEMU)."""
+"""MicroVM sandboxes: QEMU ``-M microvm`` guests (docs/microvm.md)."""

@@ -30,7 +30,7 @@ from node.sandboxes.microvm.frames import (
     encode_fields,
     field_map,
 )
-from tests.node.sandboxes.microvm.conftest import (
+from tests.node.sandboxes.microvm.agent.conftest import (
     Agent,
     FdAgent,
     alive,
