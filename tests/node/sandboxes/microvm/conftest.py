@@ -144,11 +144,14 @@ def qemu_pids(marker: str) -> list[int]:
 
 
 def leftover_cgroups() -> list[Path]:
+    """This test process's VM cgroups (``VmEnv.new_id`` names; another process's tests
+    may have theirs beside)."""
     found = []
+    mark = f"-{os.getpid()}-"
     for controller in ("memory", "cpu"):
         parent = qemu.CGROUP_ROOT / controller / CGROUP_PARENT
         if parent.is_dir():
-            found += [d for d in parent.iterdir() if d.is_dir()]
+            found += [d for d in parent.iterdir() if d.is_dir() and mark in d.name]
     return found
 
 
