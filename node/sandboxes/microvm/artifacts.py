@@ -52,6 +52,9 @@ MIB = 1 << 20
 #: the smallest base disk, and the room a base keeps free over its content
 MIN_DISK_BYTES = 64 * MIB
 HEADROOM_BYTES = 32 * MIB
+#: the largest disk a base's file system can grow to online (the group descriptors
+#: mkfs reserves for it)
+MAX_DISK_BYTES = 1 << 40
 
 
 class ArtifactError(SandboxError):
@@ -257,8 +260,9 @@ class Artifacts:
             _run(
                 [
                     "mkfs.ext4", "-q", "-F", "-t", "ext4", "-L", "corral-root",
-                    "-m", "0", "-N", str(inodes), "-d", str(image.rootfs),
-                    "-E", "root_owner=0:0,lazy_itable_init=0,lazy_journal_init=0",
+                    "-b", "4096", "-m", "0", "-N", str(inodes), "-d", str(image.rootfs),
+                    "-E", "root_owner=0:0,lazy_itable_init=0,lazy_journal_init=0,"
+                    f"resize={MAX_DISK_BYTES // 4096}",
                     str(tmp),
                 ],
                 "mkfs.ext4",

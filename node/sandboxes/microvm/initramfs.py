@@ -68,8 +68,13 @@ while [ ! -b /dev/vda ]; do
 done
 mount -t ext4 -o noinit_itable /dev/vda /newroot || fail "cannot mount the root disk /dev/vda"
 # the overlay may be larger than the image's file system: grow it online to the disk
-/tools/lib/ld.so --library-path /tools/lib /tools/resize2fs /dev/vda > /tmp/resize.log 2>&1 \
-    || fail "resize2fs /dev/vda: $(cat /tmp/resize.log)"
+# (the superblock's block count and block size against the disk's 512-byte sectors)
+set -- $(dd if=/dev/vda bs=1024 skip=1 count=1 2>/dev/null | od -An -tu4 -N28 -v)
+[ $# -eq 7 ] || fail "cannot read the root disk's superblock"
+if [ $(($(cat /sys/block/vda/size) * 512)) -gt $(($2 * (1024 << $7))) ]; then
+    /tools/lib/ld.so --library-path /tools/lib /tools/resize2fs /dev/vda > /tmp/resize.log 2>&1 \
+        || fail "resize2fs /dev/vda: $(cat /tmp/resize.log)"
+fi
 [ -d /newroot/.corral ] || mkdir -m 0755 /newroot/.corral || fail "cannot make /.corral"
 mount -t tmpfs -o size=16m,mode=0755,nosuid,nodev corral /newroot/.corral \
     || fail "cannot mount /.corral"

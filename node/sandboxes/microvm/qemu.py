@@ -465,7 +465,7 @@ class Vm:
             if self._proc.returncode is not None:
                 break
             try:
-                return await Qmp.connect(str(self.qmp_socket), timeout=0.05)
+                return await Qmp.connect(str(self.qmp_socket), timeout=1.0)
             except QmpError:
                 if time.monotonic() > deadline:
                     break

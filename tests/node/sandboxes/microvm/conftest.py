@@ -28,6 +28,8 @@ from tests.node.sandboxes.conftest import make_rootfs
 from tests.requirements import missing
 
 CGROUP_PARENT = "corral-vm-test"
+#: in every VM id ``VmEnv.new_id`` makes in this process
+MINE = f"-{os.getpid()}-"
 MIB = 1 << 20
 
 # The stand-in agent: PID 1 after switch_root; reads "ID COMMAND ARG" lines on the ctl
@@ -94,7 +96,7 @@ class VmEnv:
     ids: Iterator[int]
 
     def new_id(self, prefix: str = "vm") -> str:
-        return f"{prefix}-{os.getpid()}-{next(self.ids)}"
+        return f"{prefix}{MINE}{next(self.ids)}"
 
 
 @pytest.fixture(scope="module")
@@ -143,12 +145,14 @@ def qemu_pids(marker: str) -> list[int]:
     return pids
 
 
-def leftover_cgroups() -> list[Path]:
+def leftover_cgroups(only: str = "") -> list[Path]:
+    """The VM cgroups under the tests' parent, those whose name holds ``only`` (``MINE``:
+    the ones ``VmEnv.new_id`` named in this process, when other tests may run beside)."""
     found = []
     for controller in ("memory", "cpu"):
         parent = qemu.CGROUP_ROOT / controller / CGROUP_PARENT
         if parent.is_dir():
-            found += [d for d in parent.iterdir() if d.is_dir()]
+            found += [d for d in parent.iterdir() if d.is_dir() and only in d.name]
     return found
 
 
@@ -158,7 +162,7 @@ def no_vm_leaks(vm_env: VmEnv) -> Iterator[None]:
     yield
     pids = qemu_pids(str(vm_env.run_root))
     dirs = sorted(p.name for p in vm_env.run_root.iterdir()) if vm_env.run_root.exists() else []
-    cgroups = leftover_cgroups()
+    cgroups = leftover_cgroups(MINE)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, 9)

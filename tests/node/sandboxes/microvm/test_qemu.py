@@ -19,6 +19,7 @@ from node.sandboxes.microvm.qemu import Template, Vm, VmConfig
 from tests.node.sandboxes.microvm.conftest import (
     CGROUP_PARENT,
     MIB,
+    MINE,
     Agent,
     VmEnv,
     leftover_cgroups,
@@ -156,7 +157,7 @@ async def test_kill_leaves_no_process_run_dir_or_cgroup(vm_env: VmEnv, template:
     assert vm.ended == ended
     assert qemu_pids(str(vm.run_dir)) == []
     assert not vm.run_dir.exists()
-    assert leftover_cgroups() == []
+    assert leftover_cgroups(MINE) == []
     with pytest.raises(SandboxNotRunning):
         await vm.pause()
     assert await vm.kill() == ended  # again: nothing to do
@@ -173,7 +174,7 @@ async def test_leftovers_of_a_crashed_node_are_found_and_reaped(
         assert qemu_pids(str(vm.run_dir)) == []
         assert not vm.run_dir.exists()
         assert vm.id not in qemu.leftovers(vm_env.run_root)
-        assert leftover_cgroups() == []
+        assert leftover_cgroups(MINE) == []
         ended = await vm.wait()
         assert ended.returncode == -9
     finally:
