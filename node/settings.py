@@ -11,7 +11,7 @@ import os
 import socket
 from ipaddress import IPv4Network
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -106,6 +106,11 @@ class NodeSettings(BaseSettings):
         default_factory=list,
         description="Stateful sandbox backends this node offers, e.g. '[\"crun\"]' (none: "
         "the node runs FnCall work only).",
+    )
+    sandbox_microvm_accelerator: Literal["auto", "kvm", "tcg"] = Field(
+        "auto",
+        description="What runs microVM sandboxes: auto (KVM when a probe boot under it "
+        "works, else TCG), or kvm / tcg forced.",
     )
     sandbox_warm: dict[str, int] = Field(
         default_factory=dict,

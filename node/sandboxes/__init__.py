@@ -3,4 +3,4 @@
 Importing the package registers the built-in backends (``crun``; ``fake`` for tests).
 """
 
-from node.sandboxes import crun, fake  # noqa: F401  (registration)
+from node.sandboxes import crun, fake, microvm  # noqa: F401  (registration)

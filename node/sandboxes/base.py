@@ -248,6 +248,8 @@ class SandboxBackend(ABC):
     """How one kind of sandbox is made and used on a node."""
 
     name: ClassVar[str]
+    #: the node keeps warm (paused) sandboxes of this backend and ``claim``s them
+    keeps_warm: ClassVar[bool] = True
 
     @property
     def accelerator(self) -> str | None:

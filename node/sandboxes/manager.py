@@ -159,8 +159,9 @@ class SandboxManager:
             targets = {}
             for ref, count in self._warm_wanted.items():
                 image = await self._image(ref)
-                for name in self.backends:
-                    targets[WarmFactory.key(name, image.digest)] = (name, image, count)
+                for name, backend in self.backends.items():
+                    if backend.keeps_warm:
+                        targets[WarmFactory.key(name, image.digest)] = (name, image, count)
             self._warm = WarmPool(self.backends, targets, max_warm=self._max_warm)
             await self._warm.start()
 

@@ -482,6 +482,7 @@ struct stream {
     struct buf inbuf;     /* host bytes not yet handed on */
     int in_closed, in_close_done;
     struct buf held;      /* file: FILE_DATA bytes waiting for credit */
+    int answered;         /* file: its final reply (or FILE_END) went to the host */
 };
 
 static struct stream *streams[MAX_STREAMS];
@@ -605,6 +606,7 @@ static void hello(uint32_t id, const char *p, size_t len) {
     if (m && unhex(m, mid, 16) == 0 && !no_system && !machine_id_set) {
         machine_id_set = 1;
         /* a tmpfs of its own, bound over /etc/machine-id */
+        mkdir("/run", 0755); /* an image without one */
         mkdir("/run/corral-machine-id", 0755);
         if (mount("tmpfs", "/run/corral-machine-id", "tmpfs", 0, "size=4k,mode=0755") == 0) {
             int fd = open("/run/corral-machine-id/machine-id",
@@ -1430,9 +1432,15 @@ static void flush_held(struct stream *s) {
 static int pump_file(struct stream *s) {
     static char pkt[HDR + MAX_PAYLOAD + 1];
     ssize_t n = recv(s->out[0], pkt, sizeof pkt, MSG_DONTWAIT);
+    if (n < 0 && errno == ECONNRESET) /* the child ended with our bytes unread: the */
+        n = recv(s->out[0], pkt, sizeof pkt, MSG_DONTWAIT); /* error comes before its packets */
     if (n < 0 && (errno == EAGAIN || errno == EINTR))
         return 0;
     if (n <= 0) {
+        /* the child is gone; if it never answered, the host must not wait for ever (when
+         * it did, the host is done with the stream and drops this) */
+        if (!s->answered)
+            error_to_host(s->id, "internal", "the file call ended without an answer");
         forget(s, 0);
         return 1;
     }
@@ -1447,8 +1455,11 @@ static int pump_file(struct stream *s) {
         buf_add(&s->held, pkt + HDR, len);
         flush_held(s);
     } else if (type == T_FILE_END) {
+        s->answered = 1;
         frame_to(&data, s->id, type, pkt + HDR, len);
     } else {
+        if (type == T_ERROR || type == T_LIST_END)
+            s->answered = 1; /* its last word (an ENTRY may be one of a listing's) */
         if (type == T_CREDIT) {
             unsigned long long c;
             if (parse_u64(get_field(pkt + HDR, len, "bytes", NULL), WINDOW, &c) == 0)
