@@ -107,6 +107,12 @@ class NodeSettings(BaseSettings):
         description="Stateful sandbox backends this node offers, e.g. '[\"crun\"]' (none: "
         "the node runs FnCall work only).",
     )
+    sandbox_microvm_dir: Path | None = Field(
+        None,
+        description="Where microVMs, their kernel, disks and templates live (default: "
+        "<data_dir>/microvm); QEMU runs unprivileged, so every directory above it must be "
+        "one others may traverse.",
+    )
     sandbox_microvm_accelerator: Literal["auto", "kvm", "tcg"] = Field(
         "auto",
         description="What runs microVM sandboxes: auto (KVM when a probe boot under it "

@@ -15,7 +15,11 @@ if TYPE_CHECKING:
 def _create(settings: NodeSettings) -> MicrovmBackend:
     from node.sandboxes.microvm.backend import MicrovmBackend
 
-    return MicrovmBackend(settings.data_dir, accelerator=settings.sandbox_microvm_accelerator)
+    return MicrovmBackend(
+        settings.data_dir,
+        root=settings.sandbox_microvm_dir,
+        accelerator=settings.sandbox_microvm_accelerator,
+    )
 
 
 register("microvm", _create)

@@ -173,16 +173,17 @@ class MicrovmBackend(SandboxBackend):
         self,
         data_dir: Path,
         *,
+        root: Path | None = None,
         accelerator: Literal["auto", "kvm", "tcg"] = "auto",
         agent_binary: Path | None = None,
         vm_user: str | None = qemu.VM_USER,
         cgroup_parent: str | None = "corral-vm",
         tb_size_mib: int = 64,
     ) -> None:
-        """``data_dir``: where the kernel, initramfs, disks, templates and VMs live
-        (``<data_dir>/microvm``: QEMU runs as ``vm_user``, so every directory above it must
+        """``root`` (default ``<data_dir>/microvm``): where the kernel, initramfs, disks,
+        templates and VMs live (QEMU runs as ``vm_user``, so every directory above it must
         be reachable by that user); ``accelerator``: ``auto`` probes KVM once, else forced."""
-        self.root = (data_dir / "microvm").resolve()
+        self.root = (root or data_dir / "microvm").resolve()
         self.run_root = self.root / "vms"
         self.templates_dir = self.root / "templates"
         self.artifacts = Artifacts(self.root)
@@ -312,6 +313,19 @@ class MicrovmBackend(SandboxBackend):
                     raise BackendUnavailable(
                         f"the template's disk could not grow (status {status}): "
                         + output[-500:].decode(errors="replace")
+                    )
+                # what every clone's first command reads (a shell, the C library) is then
+                # in the template's page cache, not read again by each clone
+                for warm in (["sh", "-c", "true"], ["true"]):
+                    await _gather(
+                        await channel.exec(
+                            argv=warm,
+                            env={"PATH": DEFAULT_PATH},
+                            cwd="/",
+                            user="root",
+                            stdin=False,
+                            pty=None,
+                        )
                     )
             finally:
                 await channel.close()
