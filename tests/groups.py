@@ -14,10 +14,11 @@ it, so the groups run beside each other (and beside everything else):
   veth of ``outside`` (``corral-test-outside``, ``10.214.0.0/30``).
 * ``nsjail``: real jails (marker ``nsjail``, the SandboxFusion and verl clients among
   them). They share nsjail's cgroup v1 parent (``CORRAL``), and some look through the host's
-  processes for what a jail left behind (nobody's ``sleep``, nsjail children).
-* ``microvm``: real QEMU microVMs (marker ``microvm``). They share the VMs' cgroup v1
-  parent (``corral-vm``) and the user QEMU runs as, and each boot takes a core for seconds
-  under TCG.
+  processes for what a jail left behind (nobody's ``sleep``, nsjail children). Real QEMU
+  microVMs (marker ``microvm``) run here too: they share the VMs' cgroup v1 parent
+  (``corral-vm``) and the user QEMU runs as, and under TCG each boot takes a core for
+  seconds, which beside the jails' timed bursts (verl's runaway cases, judged against a
+  30 s client timeout) would make those time out.
 * ``integration``: real corral processes (marker ``integration``), killed and restarted
   with private PostgreSQL and Redis servers; they judge dead-node timeouts, so they run
   one at a time.
@@ -44,8 +45,7 @@ import pytest
 #: group -> the markers and fixtures that put a test in it, in order of precedence
 GROUPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "crun": (("crun",), ("outside",)),
-    "microvm": (("microvm",), ()),
-    "nsjail": (("nsjail",), ()),
+    "nsjail": (("nsjail", "microvm"), ()),
     "integration": (("integration",), ()),
     "browser": (("browser",), ()),
 }

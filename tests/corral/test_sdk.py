@@ -191,9 +191,9 @@ def test_errors_map_to_the_api_codes(server: SandboxServer, client: Corral) -> N
     with pytest.raises(corral.ValidationFailed) as invalid:
         client.sandboxes.create(backend="fake", memory_mb=1)
     assert (invalid.value.code, invalid.value.status) == ("validation_error", 422)
-    with pytest.raises(corral.NoCapacity) as none:
+    with pytest.raises(corral.ValidationFailed) as none:
         client.sandboxes.create(backend="firecracker")
-    assert none.value.status == 503 and none.value.retry_after == 1.0
+    assert (none.value.code, none.value.status) == ("backend_not_offered", 422)
 
     sbx = client.sandboxes.create(backend="fake")
     with pytest.raises(corral.PathNotFound) as no_path:

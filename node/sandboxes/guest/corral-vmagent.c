@@ -504,10 +504,18 @@ static void close_fd(int *fd) {
     *fd = -1;
 }
 
+/* The command's whole session; and the command itself, which may not have called setsid
+ * yet (STARTED goes out as soon as it is forked): then its group does not exist. */
+static void kill_session(struct stream *s, int sig) {
+    kill(-s->pid, sig);
+    if (!s->exited)
+        kill(s->pid, sig);
+}
+
 static void forget(struct stream *s, int kill_it) {
     if (kill_it && s->pid > 0) {
         if (s->kind == K_EXEC)
-            kill(-s->pid, SIGKILL);
+            kill_session(s, SIGKILL);
         else if (!s->exited)
             kill(s->pid, SIGKILL);
     }
@@ -1209,7 +1217,7 @@ static int ctl_frame(uint32_t id, uint16_t type, const char *p, size_t len) {
         return 0;
     case T_SIGNAL:
         if (s && s->kind == K_EXEC && parse_u64(get_field(p, len, "signal", NULL), 64, &n) == 0)
-            kill(-s->pid, (int)n);
+            kill_session(s, (int)n);
         return 0;
     case T_RESIZE:
         if (s == NULL || s->kind != K_EXEC)

@@ -302,15 +302,18 @@ async def test_what_it_cannot_do_yet_is_refused_clearly(
 
 
 async def test_vms_an_earlier_node_left_are_found_and_reaped(
-    place: tuple[Path, RootImage],
+    backend: MicrovmBackend, place: tuple[Path, RootImage]
 ) -> None:
     root, image = place
-    first = MicrovmBackend(root / "crashed", cgroup_parent=CGROUP_PARENT)
+    # the accelerator the module's backend probed (KVM where it works), not probed again
+    accel = backend.accelerator
+    assert accel in ("kvm", "tcg")
+    first = MicrovmBackend(root / "crashed", cgroup_parent=CGROUP_PARENT, accelerator=accel)
     await first.start()
     await first.create(spec("orphan1", memory_mb=192), image)
     pid = first._machines["orphan1"].vm.pid
     first._machines.clear()  # the node process "dies": nothing of it is released
-    second = MicrovmBackend(root / "crashed", cgroup_parent=CGROUP_PARENT)
+    second = MicrovmBackend(root / "crashed", cgroup_parent=CGROUP_PARENT, accelerator=accel)
     assert await second.start() == ["orphan1"]
     await second.destroy("orphan1")
     await asyncio.sleep(0.1)
