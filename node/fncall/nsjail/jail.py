@@ -142,6 +142,8 @@ class Jail:
                 raise JailProtocolError(f"unexpected greeting {ready!r}")
             self.vm_bytes = int(ready.get("vm_bytes", 0))
             self._attach_zygote()
+            if self.cgroup is not None:
+                self.cgroup.end_start()  # before any call: no user code at a start's weight
             used = self.cgroup.memory_bytes() if self.cgroup is not None else None
             self.ready_memory_bytes = used if used is not None else self.vm_bytes
             cpu_ns = self.cgroup.cpu_usage_ns() if self.cgroup is not None else None

@@ -25,6 +25,16 @@ logger = logging.getLogger(__name__)
 OUTSIDE_NPROC = 2
 #: a group whose peak came this close to its limit reached it (charges come in batches)
 PEAK_MARGIN_BYTES = 1 << 20
+#: a jail's CPU weight once it is ready for calls (v1 ``cpu.shares``, the kernel's default)
+CPU_SHARES = 1024
+#: its weight while it starts. Each jail has its own cpu group, and the scheduler shares a
+#: core between groups by weight, not by nice level: at equal weight a start beside 30
+#: jails spinning user code got a thirtieth of a core, and a tenant's first burst of
+#: runaway cases waited 14 s for its pool to grow (tests/compat/test_verl_reward.py). A
+#: start runs only the platform's own zygote and ends at its first greeting (bounded by
+#: ``start_timeout_s``, at most ``max_concurrent_starts`` at once), and the weight drops
+#: before the jail takes a call: no user code ever runs with it.
+START_CPU_SHARES = 16 * CPU_SHARES
 
 
 class CgroupError(RuntimeError):
@@ -33,6 +43,8 @@ class CgroupError(RuntimeError):
 
 class JailCgroup(Protocol):
     def set_limits(self, *, memory_bytes: int, pids: int) -> None: ...
+
+    def end_start(self) -> None: ...
 
     def oom_kills(self) -> int | None: ...
 
@@ -178,6 +190,7 @@ class V1JailCgroup:
                 period_us = 100_000
                 write(self.cpu / "cpu.cfs_period_us", str(period_us))
                 write(self.cpu / "cpu.cfs_quota_us", str(cpu_ms_per_sec * period_us // 1000))
+                write(self.cpu / "cpu.shares", str(START_CPU_SHARES))
             self.set_limits(memory_bytes=memory_bytes, pids=pids)
         except (OSError, CgroupError) as exc:
             self.remove()
@@ -202,6 +215,15 @@ class V1JailCgroup:
         except (OSError, ValueError) as exc:
             self._memory_bytes = self._pids = None
             raise CgroupError(f"cannot set limits on {self.memory}: {exc}") from exc
+
+    def end_start(self) -> None:
+        """The jail is ready: from now on it weighs what every other jail weighs."""
+        if self.cpu is None:
+            return
+        try:
+            write(self.cpu / "cpu.shares", str(CPU_SHARES))
+        except OSError as exc:
+            raise CgroupError(f"cannot set the CPU weight of {self.cpu}: {exc}") from exc
 
     def oom_kills(self) -> int | None:
         return self._memory_files.read_counter("memory.oom_control", "oom_kill")
@@ -307,6 +329,10 @@ class V2JailCgroup:
         except OSError as exc:
             self._memory_bytes = self._pids = None
             raise CgroupError(f"cannot set limits on {self.path}: {exc}") from exc
+
+    def end_start(self) -> None:
+        """Nothing to undo: on v2 nsjail makes the group as it starts the jail, so the host
+        finds it only once the jail is ready and a start runs at the default weight."""
 
     def oom_kills(self) -> int | None:
         return self._files.read_counter("memory.events", "oom_kill")

@@ -36,7 +36,7 @@ CHECKS = ",".join(
 )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # a test's own: a module-wide one would keep the four runs on one worker
 def _st() -> Path:
     st = Path(sys.executable).parent / "st"
     if not st.exists():

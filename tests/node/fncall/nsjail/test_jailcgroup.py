@@ -15,7 +15,7 @@ import pytest
 
 from node.fncall.nsjail import NsjailConfig
 from node.fncall.nsjail.cgroups import CgroupMode, detect
-from node.fncall.nsjail.jailcgroup import JailCgroup, V1JailCgroup
+from node.fncall.nsjail.jailcgroup import CPU_SHARES, START_CPU_SHARES, JailCgroup, V1JailCgroup
 
 pytestmark = pytest.mark.nsjail
 
@@ -101,3 +101,23 @@ def test_removing_the_groups_closes_every_descriptor(jail_group: JailCgroup) -> 
     assert not jail_group.memory.exists() and not jail_group.pids.exists()
     assert jail_group.oom_kills() is None  # gone: a reading fails cleanly
     assert jail_group.open_files() == 0
+
+
+def test_a_new_jail_group_weighs_a_start_until_the_start_ends() -> None:
+    setup = detect(NsjailConfig(cgroup_parent="CORRAL-TEST"))
+    if setup.mode is not CgroupMode.V1 or setup.cpu is None:
+        pytest.skip(f"these checks read v1 cpu files; this host's cgroups: {setup.mode}")
+    setup.ensure_parents()
+    cgroup = setup.for_new_jail(
+        f"weight-{secrets.token_hex(4)}", memory_bytes=256 * MIB, pids=32, cpu_ms_per_sec=1000
+    )
+    assert isinstance(cgroup, V1JailCgroup) and cgroup.cpu is not None
+    try:
+        assert int((cgroup.cpu / "cpu.shares").read_text()) == START_CPU_SHARES
+        cgroup.end_start()
+        assert int((cgroup.cpu / "cpu.shares").read_text()) == CPU_SHARES
+    finally:
+        cgroup.remove()
+        for mount in {setup.memory, setup.pids, setup.cpu, setup.cpuacct}:
+            if mount is not None:
+                (mount / setup.parent).rmdir()

@@ -17,6 +17,7 @@ import pytest
 
 from node.fncall.nsjail import NsjailBackend
 from node.fncall.nsjail.jail import Jail
+from node.fncall.nsjail.jailcgroup import CPU_SHARES, START_CPU_SHARES, V1JailCgroup
 from node.fncall.nsjail.workers import JailWorkers, parse_key
 
 pytestmark = [pytest.mark.nsjail, pytest.mark.asyncio(loop_scope="module")]
@@ -121,3 +122,38 @@ async def test_a_tenants_blocked_starts_do_not_hold_another_tenants_call(
     results = await asyncio.gather(*burst)
     assert all(result.run.ok and result.run.stdout == "a\n" for result in results), results
     assert most["tenant-a"] <= per_key
+
+
+@pytest.mark.skipif(not V1, reason="the host sets a start's weight on v1 groups it makes")
+async def test_a_start_outweighs_running_jails_and_no_call_runs_at_its_weight(
+    run: RunFn, python_only: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A jail starts at ``START_CPU_SHARES`` (the scheduler shares a core between the jails'
+    groups by weight: a start at equal weight beside jails spinning user code crawls), and
+    is back at ``CPU_SHARES`` before its first call: read from the kernel's files at the
+    zygote's greeting and at the start of every call."""
+    rt: NsjailBackend = await python_only(warm_per_language=0)
+    if rt.config.cgroups == "off" or not rt.config.cpu_ms_per_sec:
+        pytest.skip("jails without cpu groups")
+    at_greeting: list[int] = []
+    at_call: list[int] = []
+    attach, call = Jail._attach_zygote, Jail.call
+
+    def shares(jail: Jail) -> int:
+        assert isinstance(jail.cgroup, V1JailCgroup) and jail.cgroup.cpu is not None
+        return int((jail.cgroup.cpu / "cpu.shares").read_text())
+
+    def attach_zygote(self: Jail) -> None:
+        at_greeting.append(shares(self))
+        attach(self)
+
+    async def recorded_call(self: Jail, *args: Any, **kw: Any) -> Any:
+        at_call.append(shares(self))
+        return await call(self, *args, **kw)
+
+    monkeypatch.setattr(Jail, "_attach_zygote", attach_zygote)
+    monkeypatch.setattr(Jail, "call", recorded_call)
+    results = await asyncio.gather(*(run(rt, "print(1)", tenant="weighed") for _ in range(3)))
+    assert all(result.run.ok for result in results), results
+    assert at_greeting and set(at_greeting) == {START_CPU_SHARES}
+    assert len(at_call) == 3 and set(at_call) == {CPU_SHARES}
