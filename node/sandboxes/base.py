@@ -248,8 +248,6 @@ class SandboxBackend(ABC):
     """How one kind of sandbox is made and used on a node."""
 
     name: ClassVar[str]
-    #: the node keeps warm (paused) sandboxes of this backend and ``claim``s them
-    keeps_warm: ClassVar[bool] = True
 
     @property
     def accelerator(self) -> str | None:
@@ -269,6 +267,15 @@ class SandboxBackend(ABC):
     @abstractmethod
     async def create(self, spec: SandboxSpec, image: RootImage) -> Phases:
         """Make and start the sandbox; on failure nothing of it is left."""
+
+    #: what a warm (paused) sandbox of this backend holds while it waits, MiB (the warm
+    #: pool's idle capacity; bench/sandboxes.py and bench/microvm.py measure it)
+    warm_memory_mb: ClassVar[float] = 1.0
+
+    def claimable(self, warm: SandboxSpec, spec: SandboxSpec) -> bool:
+        """Whether a warm sandbox made as ``warm`` can become ``spec`` (a container's
+        limits, disk and env are set at the claim: any can)."""
+        return True
 
     @abstractmethod
     async def claim(self, warm_id: str, spec: SandboxSpec) -> None:

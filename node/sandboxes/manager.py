@@ -159,9 +159,8 @@ class SandboxManager:
             targets = {}
             for ref, count in self._warm_wanted.items():
                 image = await self._image(ref)
-                for name, backend in self.backends.items():
-                    if backend.keeps_warm:
-                        targets[WarmFactory.key(name, image.digest)] = (name, image, count)
+                for name in self.backends:
+                    targets[WarmFactory.key(name, image.digest)] = (name, image, count)
             self._warm = WarmPool(self.backends, targets, max_warm=self._max_warm)
             await self._warm.start()
 
@@ -344,7 +343,7 @@ class SandboxManager:
         ``setup`` phase is the take, ``start`` the claim), else a cold create."""
         key = None
         if self._warm is not None and spec.snapshot_id is None:
-            key = self._warm.offers(spec.backend, image.digest)
+            key = self._warm.offers(spec, image.digest)
         if key is None:
             return await backend.create(spec, image)
         began = time.monotonic()

@@ -31,6 +31,19 @@ WARM_TTL_S = 10 * 365 * 86400.0  #: the pool, not a TTL, ends a warm sandbox
 REFILL_DELAY_S = 1.0
 
 
+def warm_spec(backend: str, digest: str, warm_id: str) -> SandboxSpec:
+    """What a warm sandbox is made as: the default shape of a create, no tenant's."""
+    return SandboxSpec(
+        sandbox_id=warm_id,
+        tenant_id="warm-pool",
+        backend=backend,
+        image=digest,
+        memory_mb=WARM_MEMORY_MB,
+        disk_mb=WARM_DISK_MB,
+        ttl_s=WARM_TTL_S,
+    )
+
+
 @dataclass(eq=False)
 class WarmSandbox:
     id: str
@@ -54,15 +67,7 @@ class WarmFactory(WorkerFactory[WarmSandbox]):
         backend_name = key.split("/")[1]
         image = self._images[key]
         warm = WarmSandbox(id=f"warm-{secrets.token_hex(6)}", key=key, image=image)
-        spec = SandboxSpec(
-            sandbox_id=warm.id,
-            tenant_id="warm-pool",
-            backend=backend_name,
-            image=image.digest,
-            memory_mb=WARM_MEMORY_MB,
-            disk_mb=WARM_DISK_MB,
-            ttl_s=WARM_TTL_S,
-        )
+        spec = warm_spec(backend_name, image.digest, warm.id)
         backend = self._backends[backend_name]
         await backend.create(spec, image)
         try:
@@ -84,7 +89,7 @@ class WarmFactory(WorkerFactory[WarmSandbox]):
         return not worker.claimed
 
     def memory_mb(self, worker: WarmSandbox) -> float:
-        return 1.0  #: a frozen sandbox's idle cost (bench/sandboxes.py measures it)
+        return self._backends[worker.key.split("/")[1]].warm_memory_mb
 
 
 class WarmPool:
@@ -99,6 +104,7 @@ class WarmPool:
     ) -> None:
         """``targets``: key -> (backend, image, minimum warm)."""
         self._images = {key: image for key, (_, image, _) in targets.items()}
+        self._backends = backends
         self._factory = WarmFactory(backends, self._images)
         self._pool = Pool(
             self._factory,
@@ -117,9 +123,17 @@ class WarmPool:
             key: Bounds(minimum, max(minimum, max_warm)) for key, (_, _, minimum) in targets.items()
         }
 
-    def offers(self, backend: str, digest: str) -> str | None:
-        key = WarmFactory.key(backend, digest)
-        return key if key in self._images else None
+    def offers(self, spec: SandboxSpec, digest: str) -> str | None:
+        """The pool key whose warm sandboxes can become ``spec`` (of image ``digest``),
+        or None: no pool for the image, or its backend cannot claim one as that
+        (``SandboxBackend.claimable``: a microVM keeps its size)."""
+        key = WarmFactory.key(spec.backend, digest)
+        if key not in self._images:
+            return None
+        backend = self._backends[spec.backend]
+        if not backend.claimable(warm_spec(spec.backend, digest, "warm"), spec):
+            return None
+        return key
 
     async def start(self) -> None:
         for key, bounds in self._bounds.items():

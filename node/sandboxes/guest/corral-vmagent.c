@@ -610,8 +610,18 @@ static void hello(uint32_t id, const char *p, size_t len) {
     if (h && *h && strlen(h) <= 64 && !no_system && sethostname(h, strlen(h)) < 0)
         perror("corral-vmagent: sethostname");
     unsigned char mid[16];
-    static int machine_id_set; /* once: a HELLO after a reconnection stacks nothing */
-    if (m && unhex(m, mid, 16) == 0 && !no_system && !machine_id_set) {
+    /* mounted once: a later HELLO (a claimed warm clone's new identity, a reconnection)
+     * rewrites the file under the bind mount, and stacks nothing */
+    static int machine_id_set;
+    if (m && unhex(m, mid, 16) == 0 && !no_system && machine_id_set) {
+        int fd = open("/run/corral-machine-id/machine-id", O_WRONLY | O_TRUNC | O_CLOEXEC);
+        char line[34];
+        snprintf(line, sizeof line, "%s\n", m);
+        if (fd < 0 || write(fd, line, 33) != 33)
+            perror("corral-vmagent: machine-id");
+        if (fd >= 0)
+            close(fd);
+    } else if (m && unhex(m, mid, 16) == 0 && !no_system) {
         machine_id_set = 1;
         /* a tmpfs of its own, bound over /etc/machine-id */
         mkdir("/run", 0755); /* an image without one */

@@ -678,19 +678,55 @@ def _prepare_memory_file(path: Path, size: int, ids: tuple[int, int, list[int]] 
 # -- leftovers of an earlier node process -------------------------------------------------
 
 
+def alias(run_root: Path, name: str, vm_id: str) -> None:
+    """Let the VM ``vm_id`` answer to ``name`` too (a claimed warm VM to its sandbox's id):
+    a symlink in ``run_root``, which ``leftovers`` and ``reap`` follow."""
+    _check_id(name)
+    _check_id(vm_id)
+    (run_root / name).symlink_to(vm_id)
+
+
+def unalias(run_root: Path, name: str) -> None:
+    path = run_root / name
+    if path.is_symlink():
+        path.unlink()
+
+
+def _aliased(run_root: Path, name: str) -> str | None:
+    """The VM id ``name`` is an alias of, or None."""
+    path = run_root / name
+    if not path.is_symlink():
+        return None
+    target = os.readlink(path)
+    return target if _ID.match(target) else None
+
+
 def leftovers(run_root: Path) -> list[str]:
-    """The ids of VM run directories under ``run_root`` (a node that starts finds the
-    ones its previous process left: ``reap`` each)."""
+    """The ids of the VMs under ``run_root`` (a node that starts finds the ones its
+    previous process left: ``reap`` each): a VM with an alias by its alias (the id its
+    sandbox is known by), every other by its run directory's name."""
     if not run_root.is_dir():
         return []
-    return sorted(p.name for p in run_root.iterdir() if p.is_dir() and _ID.match(p.name))
+    names = [p.name for p in run_root.iterdir() if _ID.match(p.name)]
+    aliases = {name: _aliased(run_root, name) for name in names}
+    aliased = {vm for vm in aliases.values() if vm is not None}
+    return sorted(
+        name
+        for name in names
+        if (aliases[name] is not None or (run_root / name).is_dir()) and name not in aliased
+    )
 
 
 def reap(run_root: Path, vm_id: str, cgroup_parent: str | None = "corral-vm") -> None:
     """Kill a leftover VM's QEMU (its pid file's process when it is that VM's QEMU, and
     every task of its cgroups), wait for it to go, remove its cgroups and run directory.
-    Blocking; succeeds when nothing is left."""
+    Blocking; succeeds when nothing is left. ``vm_id`` may be an alias (``alias``)."""
     _check_id(vm_id)
+    target = _aliased(run_root, vm_id)
+    if target is not None:
+        reap(run_root, target, cgroup_parent)
+        unalias(run_root, vm_id)
+        return
     run_dir = run_root / vm_id
     cgroups = (
         []

@@ -6,7 +6,9 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,7 +23,7 @@ from node.sandboxes.crun.backend import CrunBackend
 from node.sandboxes.fake import FakeSandboxBackend
 from node.sandboxes.manager import BROKEN, SandboxManager
 from tests.node.sandboxes.conftest import leftovers, spec
-from wire.sandboxes import ExecRequest, SandboxState
+from wire.sandboxes import ExecRequest, SandboxSpec, SandboxState
 
 IMAGE = RootImage(digest="sha256:" + "f" * 64, rootfs=Path("/nonexistent"))
 
@@ -41,7 +43,11 @@ def gone(pid: int) -> None:
 
 
 def manager(
-    tmp_path: Path, backend: object, clock: Clock, image: RootImage = IMAGE
+    tmp_path: Path,
+    backend: object,
+    clock: Callable[[], float] = time.time,
+    image: RootImage = IMAGE,
+    **options: Any,
 ) -> SandboxManager:
     name = backend.name
     return SandboxManager(
@@ -49,6 +55,7 @@ def manager(
         lambda ref: image,
         state_dir=tmp_path / "records",
         clock=clock,
+        **options,
     )
 
 
@@ -245,6 +252,36 @@ async def test_a_create_claims_a_warm_paused_sandbox_with_its_own_limits(
         await m.close()
     left = [p.name for p in (tmp_path / "data" / "sandboxes").glob("warm-*")]
     assert left == [], "close left warm sandboxes"
+
+
+async def test_a_create_its_backend_cannot_claim_a_warm_sandbox_as_is_made_cold(
+    tmp_path: Path,
+) -> None:
+    """A backend whose warm sandboxes keep their size (a microVM's memory, vCPUs, disk)
+    claims one only for a create of the warm shape; any other create is made cold and the
+    warm one stays in the pool."""
+    from node.sandboxes.warm import WARM_DISK_MB, WARM_MEMORY_MB
+
+    class SizedBackend(FakeSandboxBackend):
+        def claimable(self, warm: SandboxSpec, spec: SandboxSpec) -> bool:
+            return (warm.memory_mb, warm.disk_mb) == (spec.memory_mb, spec.disk_mb)
+
+    backend = SizedBackend()
+    m = manager(tmp_path, backend, warm={"busybox": 1}, max_warm=2)
+    await m.start()
+    try:
+        warm_ids = {i for i in backend.sandboxes if i.startswith("warm-")}
+        assert len(warm_ids) == 1
+        await m.create(spec("sbx-small", backend="fake", memory_mb=128, disk_mb=32))
+        assert warm_ids <= set(backend.sandboxes)  # not claimed: made cold
+        assert backend.sandboxes["sbx-small"].spec.memory_mb == 128
+        await m.create(
+            spec("sbx-warm", backend="fake", memory_mb=WARM_MEMORY_MB, disk_mb=WARM_DISK_MB)
+        )
+        assert not warm_ids & set(backend.sandboxes)  # the warm one became sbx-warm
+    finally:
+        await m.destroy_all("test over")
+        await m.close()
 
 
 async def test_a_burst_beyond_capacity_waits_in_a_bounded_queue_then_fails_clearly(

@@ -21,28 +21,41 @@ pytestmark = [pytest.mark.microvm, pytest.mark.slow]
 
 
 @pytest.fixture
-def vm_corral(live_server: Callable[..., str], monkeypatch: pytest.MonkeyPatch) -> Iterator[Corral]:
+def vm_root() -> Iterator[Path]:
+    """The microVM directory of the server (QEMU runs unprivileged: it must be reachable,
+    and pytest's are 0700)."""
     require_microvm()
-    # QEMU runs unprivileged: its directory must be reachable (pytest's are 0700)
     root = Path(tempfile.mkdtemp(prefix="corral-e2b-microvm-"))
     root.chmod(0o755)
     try:
-        url = live_server(
-            sandbox_backends=["crun", "microvm"],
-            images_dir=python_images_dir(),
-            sandbox_microvm_dir=root,
-            # KVM where it works (the probe's answer is the process's: the backend tests
-            # on this worker probed already)
-            sandbox_microvm_accelerator="auto",
-        )
-        yield _pointed_at(url, monkeypatch)
+        yield root
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def test_an_e2b_session_runs_on_a_microvm(vm_corral: Corral) -> None:
+@pytest.fixture
+def vm_corral(
+    live_server: Callable[..., str], monkeypatch: pytest.MonkeyPatch, vm_root: Path
+) -> Corral:
+    url = live_server(
+        sandbox_backends=["crun", "microvm"],
+        images_dir=python_images_dir(),
+        sandbox_microvm_dir=vm_root,
+        # KVM where it works (the probe's answer is the process's: the backend tests on
+        # this worker probed already)
+        sandbox_microvm_accelerator="auto",
+        # a warm clone of the image kept paused: the SDK's create (the default size)
+        # claims it
+        sandbox_warm={"python": 1},
+    )
+    return _pointed_at(url, monkeypatch)
+
+
+def test_an_e2b_session_runs_on_a_microvm(vm_corral: Corral, vm_root: Path) -> None:
     sbx = Sandbox.create(template="python", timeout=300, metadata={"backend": "microvm"})
     try:
+        # the node's warm clone became this sandbox (its run directory answers to its id)
+        assert (vm_root / "vms" / sbx.sandbox_id).is_symlink()
         record = httpx.get(
             f"{vm_corral.url}/v1/sandboxes/{sbx.sandbox_id}",
             headers={"Authorization": f"Bearer {vm_corral.key}"},

@@ -153,7 +153,10 @@ async def test_infinite_loop_hits_time_limit(runtime: WasmBackend, run: RunFn) -
     assert result.run is not None
     assert result.run.status is StageStatus.TIME_LIMIT, result.run
     assert 0.9 * 1000 <= result.run.wall_ms <= 3 * 1000
-    assert result.run.cpu_ms is not None and result.run.cpu_ms > 300
+    # the loop spun for the second it had, or was starved by other work and says so (a
+    # loaded machine gave it 181 ms of CPU: flagged contended, as a verdict must be then)
+    assert result.run.cpu_ms is not None
+    assert result.run.cpu_ms > 300 or result.run.contended, result.run
 
 
 async def test_sleep_is_cut_at_the_time_limit(runtime: WasmBackend, run: RunFn) -> None:

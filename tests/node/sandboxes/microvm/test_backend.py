@@ -13,10 +13,12 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
 
+from node.sandboxes import warm as warm_module
 from node.sandboxes.base import (
     DiskFull,
     PathExists,
@@ -26,7 +28,10 @@ from node.sandboxes.base import (
     SandboxNotRunning,
     Unsupported,
 )
+from node.sandboxes.microvm import qemu
 from node.sandboxes.microvm.backend import MicrovmBackend
+from node.sandboxes.microvm.channel import AgentChannel
+from node.sandboxes.warm import WarmFactory, WarmPool
 from tests.node.sandboxes.conftest import make_rootfs, read_file, spec, write_file
 from tests.node.sandboxes.microvm.conftest import (
     CGROUP_PARENT,
@@ -304,6 +309,8 @@ async def test_what_it_cannot_do_yet_is_refused_clearly(
 async def test_vms_an_earlier_node_left_are_found_and_reaped(
     backend: MicrovmBackend, place: tuple[Path, RootImage]
 ) -> None:
+    """Two VMs outlive their node: one as made, one a warm clone claimed by a sandbox
+    (known by its alias): the next node finds both by the ids the manager knows."""
     root, image = place
     # the accelerator the module's backend probed (KVM where it works), not probed again
     accel = backend.accelerator
@@ -311,11 +318,61 @@ async def test_vms_an_earlier_node_left_are_found_and_reaped(
     first = MicrovmBackend(root / "crashed", cgroup_parent=CGROUP_PARENT, accelerator=accel)
     await first.start()
     await first.create(spec("orphan1", memory_mb=192), image)
-    pid = first._machines["orphan1"].vm.pid
+    await first.create(spec("warm-orphan", memory_mb=192), image)
+    await first.pause("warm-orphan")
+    await first.claim("warm-orphan", spec("claimed1", memory_mb=192))
+    pids = [first._machines[i].vm.pid for i in ("orphan1", "claimed1")]
     first._machines.clear()  # the node process "dies": nothing of it is released
     second = MicrovmBackend(root / "crashed", cgroup_parent=CGROUP_PARENT, accelerator=accel)
-    assert await second.start() == ["orphan1"]
+    assert await second.start() == ["claimed1", "orphan1"]
     await second.destroy("orphan1")
+    await second.destroy("claimed1")
     await asyncio.sleep(0.1)
-    assert not _is_qemu(pid)
+    assert not any(_is_qemu(pid) for pid in pids)
     assert qemu_pids(str(second.run_root)) == [] and os.listdir(second.run_root) == []
+
+
+async def test_a_warm_clone_waits_paused_and_becomes_the_sandbox_that_claims_it(
+    backend: MicrovmBackend, place: tuple[Path, RootImage], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The node's warm pool keeps a clone restored and paused; a create of its shape claims
+    it (a new clock, hostname and machine id, its files by the sandbox's id), another
+    shape is not offered one, and nothing of either is left."""
+    _, image = place
+    # the module template's size (``spec``'s disk), so no other template is booted
+    monkeypatch.setattr(warm_module, "WARM_MEMORY_MB", 192)
+    monkeypatch.setattr(warm_module, "WARM_DISK_MB", spec("x").disk_mb)
+    machine_ids: dict[str, str] = {}  # hostname -> the machine id its HELLO gave
+    hello = AgentChannel.hello
+
+    async def recorded(self: AgentChannel, **fields: Any) -> None:
+        machine_ids[fields["hostname"]] = fields["machine_id"]
+        await hello(self, **fields)
+
+    monkeypatch.setattr(AgentChannel, "hello", recorded)
+    key = WarmFactory.key("microvm", image.digest)
+    pool = WarmPool({"microvm": backend}, {key: ("microvm", image, 1)}, max_warm=2)
+    await pool.start()
+    wanted = spec(f"claimed{os.getpid()}", memory_mb=192, backend="microvm")
+    try:
+        assert pool.offers(spec("bigger", memory_mb=256, backend="microvm"), image.digest) is None
+        assert pool.offers(wanted, image.digest) == key
+        warm = await pool.take(key, context="test")
+        assert backend._machines[warm.id].paused
+        await backend.claim(warm.id, wanted)
+        assert warm.id not in backend._machines
+        assert warm.id not in qemu.leftovers(backend.run_root)
+        assert wanted.sandbox_id in qemu.leftovers(backend.run_root)
+        code, out, _, _ = await run(
+            backend, wanted.sandbox_id, "sh", "-c", "hostname; cat /etc/machine-id; date +%s"
+        )
+        hostname, machine_id, clock = out.decode().split()
+        assert code == 0 and hostname == wanted.sandbox_id
+        # the claim's machine id, not the one the warm clone was given
+        assert machine_id == machine_ids[wanted.sandbox_id] != machine_ids[warm.id]
+        assert abs(int(clock) - time.time()) < 30
+    finally:
+        await backend.destroy(wanted.sandbox_id)
+        await pool.close()
+    assert not (backend.run_root / wanted.sandbox_id).exists()
+    assert not (backend.run_root / wanted.sandbox_id).is_symlink()
