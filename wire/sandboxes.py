@@ -299,8 +299,8 @@ class FileEntry(_Message):
     type: FileType
     size: int
     mode: int  #: permission bits
-    owner: str
-    group: str
+    owner: str  #: the owner's uid in the sandbox, as text ("1000"), on every backend
+    group: str  #: the group's gid in the sandbox, as text
     modified_at: float
     symlink_target: str | None = None
 

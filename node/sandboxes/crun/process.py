@@ -32,13 +32,14 @@ import signal
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
 
 from node.pipes import PipeWriter
 from node.sandboxes.base import NotATerminal, Process
 from node.sandboxes.crun import spawn
 from node.sandboxes.crun.discard import discard
-from wire.sandboxes import ExecEvent, ExecExit, ExecOutput, ExecStarted, PtySize
+from node.sandboxes.outputcap import OutputCap, Stream
+from wire.sandboxes import ExecEvent, ExecOutput, ExecStarted, PtySize
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +53,6 @@ QUEUED_OUTPUTS = 4
 KILL_WAIT_S = 5.0
 #: a terminal's output past its cap: at most one chunk read (and dropped) per interval
 TERMINAL_DROP_S = 0.01
-
-Stream = Literal["stdout", "stderr", "pty"]
 
 
 def _pipe_transport(stream: asyncio.StreamReader) -> asyncio.ReadTransport | None:
@@ -124,7 +123,7 @@ class CrunProcess(Process):
         self.pid = inner_pid(host_pid) or 0
         self._procs_file = procs_file
         self._timeout_s = timeout_s
-        self._cap = max_output_bytes
+        self._output = OutputCap(max_output_bytes)
         self._on_exit = on_exit
         self._queue: asyncio.Queue[ExecEvent | None] = asyncio.Queue()
         self._room = asyncio.Semaphore(QUEUED_OUTPUTS)  #: output chunks the queue may take
@@ -132,8 +131,6 @@ class CrunProcess(Process):
         self._flowing.set()
         self._discarding: set[str] = set()  #: streams past their cap, drained by the kernel
         self._terminal = bool(getattr(proc, "terminal", False))
-        self._kept = {"stdout": 0, "stderr": 0, "pty": 0}
-        self._dropped = {"stdout": 0, "stderr": 0, "pty": 0}
         self._signalled: int | None = None
         self._timed_out = False
         self._started = time.monotonic()
@@ -152,11 +149,8 @@ class CrunProcess(Process):
             chunk = await stream.read(READ_CHUNK)
             if not chunk:
                 return
-            room = self._cap - self._kept[name]
-            kept = chunk[: max(room, 0)]
-            self._dropped[name] += len(chunk) - len(kept)
+            kept = self._output.take(name, chunk)
             if kept:
-                self._kept[name] += len(kept)
                 await self._room.acquire()
                 self._queue.put_nowait(ExecOutput(stream=name, data=kept))
             elif name == "pty":
@@ -164,7 +158,7 @@ class CrunProcess(Process):
             elif (transport := _pipe_transport(stream)) is not None:
                 # past the cap (a whole chunk dropped): the kernel drains the rest
                 self._discarding.add(name)
-                self._dropped[name] += await discard(transport)
+                self._output.drop(name, await discard(transport))
                 return
 
     async def _run(self) -> None:
@@ -200,13 +194,8 @@ class CrunProcess(Process):
         elif code is not None and code < 0:
             sig, exit_code = -code, None
         self._queue.put_nowait(
-            ExecExit(
-                exit_code=exit_code,
-                signal=sig,
-                timed_out=self._timed_out,
-                duration_ms=(time.monotonic() - self._started) * 1000,
-                stdout_truncated=self._dropped["stdout"] + self._dropped["pty"] > 0,
-                stderr_truncated=self._dropped["stderr"] > 0,
+            self._output.exit(
+                exit_code=exit_code, signal=sig, timed_out=self._timed_out, started=self._started
             )
         )
         self._queue.put_nowait(None)

@@ -20,7 +20,11 @@
  * forgets every stream; then with --ctl/--data the ports are closed and reopened (after a
  * short sleep; the same on EOF or hangup), with --ctl-fd/--data-fd (tests on the host) the
  * agent exits with status 0 instead. --no-system: HELLO leaves the clock, the hostname and
- * /etc/machine-id alone (tests on the host).
+ * /etc/machine-id alone, and commands run in the agent's own cgroup (tests on the host).
+ *
+ * Commands run in a cgroup of their own (/sys/fs/cgroup/corral-commands, cgroup v2), whose
+ * pids.max HELLO sets from the sandbox's pids: a fork bomb in the guest stops there, and
+ * the agent (in the root group) still forks the next command and every file call.
  *
  * PID 1: ignores every signal it can, reaps every orphan (SIGCHLD via signalfd; on the
  * host it makes itself a child subreaper so it reaps its sessions' orphans too).
@@ -399,6 +403,44 @@ struct port {
 static struct port ctl = {.fd = -1}, data = {.fd = -1};
 static int fd_mode, no_system;
 
+/* ---- the commands' cgroup --------------------------------------------------------- */
+
+#define COMMANDS_CGROUP "/sys/fs/cgroup/corral-commands"
+/* its cgroup.procs, open: each command's child joins it before it takes its user (the
+ * descriptor closes at exec) */
+static int commands_procs = -1;
+
+static void make_commands_cgroup(void) {
+    if (no_system)
+        return;
+    if (mount("cgroup2", "/sys/fs/cgroup", "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) <
+            0 &&
+        errno != EBUSY) {
+        perror("corral-vmagent: mount cgroup2 (commands run without a pids limit)");
+        return;
+    }
+    int fd = open("/sys/fs/cgroup/cgroup.subtree_control", O_WRONLY | O_CLOEXEC);
+    if (fd < 0 || write(fd, "+pids", 5) < 0)
+        perror("corral-vmagent: enable the pids controller");
+    if (fd >= 0)
+        close(fd);
+    if (mkdir(COMMANDS_CGROUP, 0755) < 0 && errno != EEXIST) {
+        perror("corral-vmagent: mkdir " COMMANDS_CGROUP);
+        return;
+    }
+    commands_procs = open(COMMANDS_CGROUP "/cgroup.procs", O_WRONLY | O_CLOEXEC);
+    if (commands_procs < 0)
+        perror("corral-vmagent: open " COMMANDS_CGROUP "/cgroup.procs");
+}
+
+static void set_commands_pids(const char *max) {
+    int fd = open(COMMANDS_CGROUP "/pids.max", O_WRONLY | O_CLOEXEC);
+    if (fd < 0 || write(fd, max, strlen(max)) < 0)
+        perror("corral-vmagent: pids.max");
+    if (fd >= 0)
+        close(fd);
+}
+
 static void frame_to(struct port *p, uint32_t id, uint16_t type, const void *payload,
                      size_t len) {
     char h[HDR];
@@ -585,7 +627,10 @@ static void hello(uint32_t id, const char *p, size_t len) {
     const char *e = get_field(p, len, "entropy", NULL);
     const char *h = get_field(p, len, "hostname", NULL);
     const char *m = get_field(p, len, "machine_id", NULL);
-    unsigned long long ns;
+    const char *pids = get_field(p, len, "pids", NULL);
+    unsigned long long ns, max_pids;
+    if (pids && parse_u64(pids, 1u << 22, &max_pids) == 0 && max_pids > 0 && commands_procs >= 0)
+        set_commands_pids(pids);
     if (t && parse_u64(t, ~0ull, &ns) == 0 && !no_system) {
         struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000ull),
                               .tv_nsec = (long)(ns % 1000000000ull)};
@@ -659,6 +704,10 @@ static _Noreturn void exec_child(char **argv, char **envp, const char *cwd,
                                  const struct user *u, int fd0, int fd1, int fd2, int tty) {
     child_signals();
     setsid();
+    if (commands_procs >= 0 && write(commands_procs, "0", 1) < 0) {
+        say("cannot join " COMMANDS_CGROUP ": ", strerror(errno), "");
+        _exit(126);
+    }
     if (tty >= 0 && ioctl(tty, TIOCSCTTY, 0) < 0)
         _exit(126);
     if (fd0 < 0)
@@ -1563,6 +1612,7 @@ int main(int argc, char **argv) {
     }
     if (getpid() != 1)
         prctl(PR_SET_CHILD_SUBREAPER, 1);
+    make_commands_cgroup();
     if (fd_mode) {
         fcntl(ctl.fd, F_SETFD, FD_CLOEXEC);
         fcntl(data.fd, F_SETFD, FD_CLOEXEC);

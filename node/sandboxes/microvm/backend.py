@@ -128,8 +128,9 @@ def _entry(entry: Entry) -> FileEntry:
         type=FileType(kind) if kind in FileType.__members__.values() else FileType.OTHER,
         size=int(entry.get("size") or 0),
         mode=int(entry.get("mode") or "0", 8),
-        owner=entry.get("owner") or entry.get("uid", ""),
-        group=entry.get("group") or entry.get("gid", ""),
+        # the ids, as every backend gives them (the agent sends the names too)
+        owner=entry.get("uid", ""),
+        group=entry.get("gid", ""),
         modified_at=int(entry.get("mtime_ns") or 0) / 1e9,
         symlink_target=entry.get("target") if kind == "symlink" else None,
     )
@@ -418,6 +419,7 @@ class MicrovmBackend(SandboxBackend):
                 entropy=os.urandom(64),
                 hostname=spec.sandbox_id[:63],
                 machine_id=uuid.uuid4().hex,
+                pids=spec.pids,
             )
         except BaseException:
             with contextlib.suppress(Exception):
@@ -471,6 +473,7 @@ class MicrovmBackend(SandboxBackend):
                 entropy=os.urandom(64),
                 hostname=spec.sandbox_id[:63],
                 machine_id=uuid.uuid4().hex,
+                pids=spec.pids,
             )
         except (AgentError, AgentGone) as e:
             await asyncio.to_thread(qemu.unalias, self.run_root, spec.sandbox_id)

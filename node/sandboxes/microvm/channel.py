@@ -488,13 +488,25 @@ class AgentChannel:
 
     # ---- requests -----------------------------------------------------------------
 
-    async def hello(self, *, time_ns: int, entropy: bytes, hostname: str, machine_id: str) -> None:
+    async def hello(
+        self,
+        *,
+        time_ns: int,
+        entropy: bytes,
+        hostname: str,
+        machine_id: str,
+        pids: int | None = None,
+    ) -> None:
+        """Give the guest its wall clock, fresh entropy, its identity and (``pids``) the
+        most processes its commands may have at once."""
         fields = {
             "time_ns": str(time_ns),
             "entropy": entropy.hex(),
             "hostname": hostname,
             "machine_id": machine_id,
         }
+        if pids is not None:
+            fields["pids"] = str(pids)
         async with self._hello_lock:
             if self._closed:
                 raise self._gone()

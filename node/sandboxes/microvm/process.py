@@ -22,7 +22,8 @@ from collections.abc import AsyncIterator, Callable
 
 from node.sandboxes.base import NotATerminal, Process
 from node.sandboxes.microvm.channel import AgentError, AgentGone, GuestProcess
-from wire.sandboxes import ExecEvent, ExecExit, ExecOutput, ExecStarted, PtySize
+from node.sandboxes.outputcap import OutputCap
+from wire.sandboxes import ExecEvent, ExecOutput, ExecStarted, PtySize
 
 log = logging.getLogger(__name__)
 
@@ -48,14 +49,12 @@ class VmProcess(Process):
         self._sandbox_id = sandbox_id
         self._terminal = terminal
         self._timeout_s = timeout_s
-        self._cap = max_output_bytes
+        self._output = OutputCap(max_output_bytes)
         self._on_exit = on_exit
         self._queue: asyncio.Queue[ExecEvent | None] = asyncio.Queue()
         self._room = asyncio.Semaphore(QUEUED_OUTPUTS)
         self._flowing = asyncio.Event()
         self._flowing.set()
-        self._kept = {"stdout": 0, "stderr": 0, "pty": 0}
-        self._dropped = {"stdout": 0, "stderr": 0, "pty": 0}
         self._signalled: int | None = None
         self._timed_out = False
         self._started = time.monotonic()
@@ -74,11 +73,8 @@ class VmProcess(Process):
                 assert isinstance(value, bytes)
                 name = "pty" if self._terminal else kind
                 await self._flowing.wait()
-                room = self._cap - self._kept[name]
-                kept = value[: max(room, 0)]
-                self._dropped[name] += len(value) - len(kept)
+                kept = self._output.take(name, value)
                 if kept:
-                    self._kept[name] += len(kept)
                     await self._room.acquire()
                     self._queue.put_nowait(ExecOutput(stream=name, data=kept))
         except AgentGone as gone:
@@ -125,13 +121,11 @@ class VmProcess(Process):
         else:
             exit_code, sig = None, status & 0x7F
         self._queue.put_nowait(
-            ExecExit(
+            self._output.exit(
                 exit_code=exit_code,
                 signal=sig,
                 timed_out=self._timed_out,
-                duration_ms=(time.monotonic() - self._started) * 1000,
-                stdout_truncated=self._dropped["stdout"] + self._dropped["pty"] > 0,
-                stderr_truncated=self._dropped["stderr"] > 0,
+                started=self._started,
                 error=error,
             )
         )
