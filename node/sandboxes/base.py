@@ -360,8 +360,9 @@ class SandboxBackend(ABC):
 
     @abstractmethod
     async def snapshot(self, sandbox_id: str, snapshot_id: str) -> SnapshotFiles:
-        """Copy the sandbox's writable state (files; not its processes) while its
-        processes are frozen; the sandbox goes on as it was."""
+        """Copy the sandbox's writable state while its processes are frozen (a
+        container's files, not its processes; a microVM's whole machine, memory and
+        processes too); the sandbox goes on as it was."""
 
     @abstractmethod
     def snapshot_layer(self, snapshot_id: str) -> SnapshotFiles | None:

@@ -345,7 +345,8 @@ def snapshot_out(row: Snapshot) -> SnapshotOut:
 @endpoint(
     "POST",
     f"{ONE}/snapshot",
-    summary="Copy the sandbox's files (not its processes) as a snapshot",
+    summary="Snapshot the sandbox: a container's files (not its processes), a microVM's whole "
+    "machine (memory and processes too)",
     tags=TAGS,
     response=SnapshotOut,
     status=201,
@@ -358,7 +359,8 @@ async def snapshot_sandbox(call: Call) -> SnapshotOut:
 @endpoint(
     "POST",
     f"{ONE}/fork",
-    summary="Branch the sandbox into N new ones from one snapshot of its files",
+    summary="Branch the sandbox into N new ones from one snapshot of it (a microVM's run on "
+    "with its processes)",
     tags=TAGS,
     body=ForkBody,
     response=ForkOut,

@@ -24,14 +24,19 @@ paused (QEMU stopped: no guest CPU), and a create of the warm shape (the default
 claims one: QEMU goes on, a second HELLO gives it the sandbox's clock, entropy, hostname
 and machine id, and its run directory answers to the sandbox's id through a symlink.
 
-Not yet: snapshots and forks of a running VM, networks (docs/microvm.md says what is
-left).
+A snapshot is the whole machine: the guest stopped, its state (RAM included) and a copy of
+its disk written, the guest let go on, and the pair loaded into a new shared memory file
+and saved as a template of its own, so a sandbox made from it (a fork) is a clone that
+runs on from that moment, with the parent's processes.
+
+Not yet: networks (docs/microvm.md says what is left).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import os
@@ -62,6 +67,7 @@ from node.sandboxes.base import (
     SandboxPathError,
     SandboxUnresponsive,
     SnapshotFiles,
+    SnapshotNotFound,
     Unsupported,
     Usage,
 )
@@ -151,6 +157,20 @@ class _Machine:
     watcher: asyncio.Task[None] | None = None
 
 
+@dataclass(frozen=True)
+class _Snapshot:
+    """A sandbox's machine saved (``MicrovmBackend.snapshot``): a template of its own."""
+
+    template: qemu.Template
+    spec: SandboxSpec  #: the sandbox's it was taken of (its shape)
+    directory: Path
+
+
+def _allocated(directory: Path) -> int:
+    """Bytes the files under ``directory`` take on disk."""
+    return sum(p.stat().st_blocks * 512 for p in directory.rglob("*") if p.is_file())
+
+
 class _FileStream(FileStream):
     def __init__(self, size: int, chunks: AsyncIterator[bytes], sandbox_id: str) -> None:
         self.size = size
@@ -204,6 +224,7 @@ class MicrovmBackend(SandboxBackend):
         self.root = (root or data_dir / "microvm").resolve()
         self.run_root = self.root / "vms"
         self.templates_dir = self.root / "templates"
+        self.snapshots_dir = self.root / "snapshots"
         self.artifacts = Artifacts(self.root)
         self.agent_binary = agent_binary or DEFAULT_AGENT
         self._force = accelerator
@@ -215,6 +236,7 @@ class MicrovmBackend(SandboxBackend):
         self._initramfs: Path | None = None
         self._machines: dict[str, _Machine] = {}
         self._templates: dict[str, qemu.Template] = {}
+        self._snapshots: dict[str, _Snapshot] = {}
         self._making: dict[str, asyncio.Future[qemu.Template]] = {}
 
     @property
@@ -242,9 +264,11 @@ class MicrovmBackend(SandboxBackend):
         for directory in (self.root, self.run_root):
             directory.mkdir(parents=True, exist_ok=True)
             directory.chmod(0o755)
-        # templates are made again by each node process (same QEMU, same command line)
-        shutil.rmtree(self.templates_dir, ignore_errors=True)
-        self.templates_dir.mkdir(mode=0o755)
+        # templates are made again by each node process (same QEMU, same command line);
+        # snapshots are templates too, and stand on them: they go with the process
+        for directory in (self.templates_dir, self.snapshots_dir):
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir(mode=0o755)
         if self._vm_user is not None:
             for parent in self.root.parents:
                 if parent.stat().st_mode & 0o001 == 0:
@@ -399,7 +423,10 @@ class MicrovmBackend(SandboxBackend):
         if spec.sandbox_id in self._machines:
             raise SandboxError(f"sandbox {spec.sandbox_id} exists")
         started = time.monotonic()
-        template = await self._template(image, spec)
+        if image.layers:  # a snapshot's machine (the manager names its directory)
+            template = self._snapshot_template(image.layers[0].name, spec)
+        else:
+            template = await self._template(image, spec)
         prepared = time.monotonic()
         vm = await qemu.Vm.restore(self.run_root, spec.sandbox_id, template)
         try:
@@ -437,6 +464,18 @@ class MicrovmBackend(SandboxBackend):
             self._accelerator,
         )
         return Phases(setup_ms=(prepared - started) * 1000, start_ms=(done - prepared) * 1000)
+
+    def _snapshot_template(self, snapshot_id: str, spec: SandboxSpec) -> qemu.Template:
+        snapshot = self._snapshots.get(snapshot_id)
+        if snapshot is None:
+            raise SnapshotNotFound(f"no snapshot {snapshot_id} of a microVM on this node")
+        if _shape(snapshot.spec) != _shape(spec):
+            memory, vcpus, disk = _shape(snapshot.spec)
+            raise Unsupported(
+                f"a microVM made from snapshot {snapshot_id} has its machine's size: "
+                f"memory_mb={memory}, {vcpus} vCPU, disk_mb={disk}"
+            )
+        return snapshot.template
 
     async def _watch(self, machine: _Machine) -> None:
         """Until the VM ends by itself: then its agent is closed (its calls fail)."""
@@ -687,15 +726,60 @@ class MicrovmBackend(SandboxBackend):
         return await asyncio.to_thread(_usage, vm)
 
     # --- snapshots (not yet) --------------------------------------------------------------
+    # --- snapshots ------------------------------------------------------------------------
     async def snapshot(self, sandbox_id: str, snapshot_id: str) -> SnapshotFiles:
-        self._get(sandbox_id)
-        raise Unsupported("snapshots of microVM sandboxes are not supported yet")
+        """The sandbox's whole machine now (memory, disk, its processes): the guest stops
+        while its state is written, then runs on; the snapshot is made a template, so a
+        sandbox created from it is a clone that runs on from this moment."""
+        machine = self._get(sandbox_id)
+        qemu.check_id(snapshot_id)
+        if snapshot_id in self._snapshots:
+            raise SandboxError(f"snapshot {snapshot_id} exists")
+        directory = self.snapshots_dir / snapshot_id
+        started = time.monotonic()
+        await asyncio.to_thread(directory.mkdir, 0o755)
+        try:
+            full, parent_disk = directory / "full.state", directory / "parent.qcow2"
+            await machine.vm.save_snapshot(full, parent_disk)
+            config = dataclasses.replace(machine.vm.config, memory_file=directory / "memory")
+            template = await qemu.Vm.template_of_snapshot(
+                self.run_root,
+                f"snapshot-{snapshot_id}",
+                config,
+                state=full,
+                disk=parent_disk,
+                template_state=directory / "state",
+                template_disk=directory / "disk.qcow2",
+            )
+            await asyncio.to_thread(full.unlink)
+        except BaseException:
+            await asyncio.to_thread(shutil.rmtree, directory, True)
+            raise
+        self._snapshots[snapshot_id] = _Snapshot(template, machine.spec, directory)
+        size = await asyncio.to_thread(_allocated, directory)
+        log.info(
+            "sandbox=%s: snapshot %s of its machine made in %.2f s (%d MiB)",
+            sandbox_id,
+            snapshot_id,
+            time.monotonic() - started,
+            size // MIB,
+        )
+        return SnapshotFiles(snapshot_id=snapshot_id, layer=directory, size_bytes=size)
 
     def snapshot_layer(self, snapshot_id: str) -> SnapshotFiles | None:
-        return None
+        snapshot = self._snapshots.get(snapshot_id)
+        if snapshot is None:
+            return None
+        return SnapshotFiles(
+            snapshot_id=snapshot_id,
+            layer=snapshot.directory,
+            size_bytes=_allocated(snapshot.directory),
+        )
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
-        return None
+        snapshot = self._snapshots.pop(snapshot_id, None)
+        if snapshot is not None:
+            await asyncio.to_thread(shutil.rmtree, snapshot.directory, True)
 
 
 async def _gather(process: GuestProcess) -> tuple[int | None, bytes]:

@@ -31,6 +31,7 @@ import pwd
 import re
 import shutil
 import signal
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,7 +164,7 @@ def qemu_argv(
     return argv
 
 
-def _check_id(vm_id: str) -> None:
+def check_id(vm_id: str) -> None:
     if not _ID.match(vm_id) or vm_id in (".", ".."):
         raise ValueError(f"bad VM id {vm_id!r}")
 
@@ -358,37 +359,67 @@ class Vm:
             run_root, vm_id, config, disk_base=template.disk, disk_size=None, incoming=True
         )
         try:
-            qmp = vm._monitor()
-            await qmp.execute(
-                "migrate-set-capabilities",
-                {"capabilities": [{"capability": "x-ignore-shared", "state": True}]},
-            )
-            fd = os.open(template.state, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                await qmp.execute("getfd", {"fdname": "state"}, fds=[fd])
-            finally:
-                os.close(fd)
-            await qmp.execute("migrate-incoming", {"uri": "fd:state"})
-            deadline = time.monotonic() + 60
-            while True:
-                status = await qmp.execute("query-status")
-                if status.get("status") == "running":
-                    break
-                if status.get("status") in ("inmigrate", "paused", "restore-vm", "prelaunch"):
-                    mig = await qmp.execute("query-migrate")
-                    if mig.get("status") == "failed":
-                        raise VmError(f"VM {vm_id}: restore failed: {mig.get('error-desc')}")
-                else:
-                    raise VmError(f"VM {vm_id}: restored into state {status.get('status')}")
-                if time.monotonic() > deadline or vm._proc.returncode is not None:
-                    raise VmError(f"VM {vm_id}: restore did not finish")
-                await asyncio.sleep(0.002)
+            await vm._incoming(template.state, ignore_shared=True)
             if disk_size is not None:
                 await vm.resize_disk(disk_size)
         except BaseException:
             await vm.kill()
             raise
         return vm
+
+    @classmethod
+    async def template_of_snapshot(
+        cls,
+        run_root: Path,
+        vm_id: str,
+        config: VmConfig,
+        *,
+        state: Path,
+        disk: Path,
+        template_state: Path,
+        template_disk: Path,
+        timeout: float = 300.0,
+    ) -> Template:
+        """A template made of a VM's whole state (``save_snapshot``: ``state``, ``disk``):
+        QEMU started on a new shared memory file (``config.memory_file``), the state loaded
+        into it, then saved as a template (``save_template``) whose clones run on from the
+        snapshot's moment."""
+        if config.memory_file is None:
+            raise ValueError("a template keeps its memory in a file (VmConfig.memory_file)")
+        vm = await cls._start(
+            run_root, vm_id, config, disk_base=disk, disk_size=None, shared=True, incoming=True
+        )
+        try:
+            await vm._incoming(state, ignore_shared=False, timeout=timeout)
+        except BaseException:
+            await vm.kill()
+            raise
+        return await vm.save_template(template_state, template_disk)
+
+    async def _incoming(self, state: Path, *, ignore_shared: bool, timeout: float = 60) -> None:
+        """Load ``state`` into this VM (started with ``incoming``); returns once it runs.
+        ``ignore_shared``: the state holds no RAM (a template's: it is in the memory file)."""
+        qmp = await self._hand_state(
+            os.open(state, os.O_RDONLY | os.O_CLOEXEC), ignore_shared=ignore_shared
+        )
+        await qmp.execute("migrate-incoming", {"uri": "fd:state"})
+        deadline = time.monotonic() + timeout
+        while True:
+            status = await qmp.execute("query-status")
+            if status.get("status") == "running":
+                return
+            if status.get("status") in ("inmigrate", "paused", "restore-vm", "prelaunch"):
+                mig = await qmp.execute("query-migrate")
+                if mig.get("status") == "failed":
+                    raise VmError(f"VM {self.id}: restore failed: {mig.get('error-desc')}")
+                if mig.get("status") == "completed" and status.get("status") == "paused":
+                    # saved while stopped (a snapshot): QEMU keeps the source's run state
+                    await qmp.execute("cont")
+            else:
+                raise VmError(f"VM {self.id}: restored into state {status.get('status')}")
+            if time.monotonic() > deadline or self._proc.returncode is not None:
+                raise VmError(f"VM {self.id}: restore did not finish")
+            await asyncio.sleep(0.002)
 
     @classmethod
     async def _start(
@@ -402,7 +433,7 @@ class Vm:
         shared: bool = False,
         incoming: bool = False,
     ) -> Vm:
-        _check_id(vm_id)
+        check_id(vm_id)
         ids = _user_ids(config.user)
         run_dir = run_root / vm_id
         await asyncio.to_thread(_make_run_dir, run_dir)
@@ -536,28 +567,9 @@ class Vm:
         qmp = self._monitor()
         if self.config.memory_file is None:
             raise ValueError("a template keeps its memory in a file (VmConfig.memory_file)")
-        await qmp.execute(
-            "migrate-set-capabilities",
-            {"capabilities": [{"capability": "x-ignore-shared", "state": True}]},
-        )
         tmp = state.with_name(f".{state.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
-            try:
-                await qmp.execute("getfd", {"fdname": "state"}, fds=[fd])
-            finally:
-                os.close(fd)
-            await qmp.execute("migrate", {"uri": "fd:state"})
-            deadline = time.monotonic() + timeout
-            while True:
-                mig = await qmp.execute("query-migrate")
-                if mig.get("status") == "completed":
-                    break
-                if mig.get("status") in ("failed", "cancelled"):
-                    raise VmError(f"VM {self.id}: saving failed: {mig.get('error-desc')}")
-                if time.monotonic() > deadline:
-                    raise VmError(f"VM {self.id}: saving did not finish in {timeout} s")
-                await asyncio.sleep(0.002)
+            await self._migrate_out(tmp, ignore_shared=True, timeout=timeout)
             await qmp.execute("quit")
             async with asyncio.timeout(10):
                 await self._proc.wait()
@@ -575,6 +587,58 @@ class Vm:
         await self.kill()
         log.info("microvm %s: saved as a template (%s)", self.id, state)
         return Template(config=self.config, state=state, disk=disk)
+
+    async def save_snapshot(self, state: Path, disk: Path, timeout: float = 300.0) -> None:
+        """The VM's whole state now, its RAM included, to ``state``, and a copy of its
+        disk (an overlay over its template's, read-only) to ``disk``: the guest is stopped
+        meanwhile and runs on afterwards if it ran (``template_of_snapshot`` makes a
+        template of them)."""
+        qmp = self._monitor()
+        running = await self.status() == "running"
+        await qmp.execute("stop")
+        try:
+            await self._migrate_out(state, ignore_shared=False, timeout=timeout)
+            await asyncio.to_thread(_copy_disk, self.disk, disk)
+        except BaseException:
+            for path in (state, disk):
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            raise
+        finally:
+            if running and self._proc.returncode is None:
+                await qmp.execute("cont")  # from postmigrate: its disk is taken back too
+
+    async def _hand_state(self, fd: int, *, ignore_shared: bool) -> Qmp:
+        """Give QEMU the state file ``fd`` (closed here) as ``fd:state``, with
+        ``x-ignore-shared`` set as asked; the monitor, for the migration command."""
+        try:
+            qmp = self._monitor()
+            await qmp.execute(
+                "migrate-set-capabilities",
+                {"capabilities": [{"capability": "x-ignore-shared", "state": ignore_shared}]},
+            )
+            await qmp.execute("getfd", {"fdname": "state"}, fds=[fd])
+        finally:
+            os.close(fd)
+        return qmp
+
+    async def _migrate_out(self, path: Path, *, ignore_shared: bool, timeout: float) -> None:
+        """Write the VM's state to a new ``path`` (only its device state when
+        ``ignore_shared`` and its RAM is in a shared file)."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        qmp = await self._hand_state(fd, ignore_shared=ignore_shared)
+        await qmp.execute("migrate", {"uri": "fd:state"})
+        deadline = time.monotonic() + timeout
+        while True:
+            mig = await qmp.execute("query-migrate")
+            if mig.get("status") == "completed":
+                return
+            if mig.get("status") in ("failed", "cancelled"):
+                raise VmError(f"VM {self.id}: saving failed: {mig.get('error-desc')}")
+            if time.monotonic() > deadline:
+                await qmp.execute("migrate_cancel")
+                raise VmError(f"VM {self.id}: saving did not finish in {timeout} s")
+            await asyncio.sleep(0.002)
 
     # -- ending ----------------------------------------------------------------------
 
@@ -662,6 +726,19 @@ def _prepare(
     return disk
 
 
+def _copy_disk(source: Path, dest: Path) -> None:
+    """A copy of a (stopped) VM's overlay, holes kept, read-only: a snapshot's disk (its
+    backing file stays the template's disk, named by its absolute path)."""
+    subprocess.run(
+        ["cp", "--sparse=always", "--", str(source), str(dest)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    os.chown(dest, 0, 0)
+    os.chmod(dest, 0o444)
+
+
 def _prepare_memory_file(path: Path, size: int, ids: tuple[int, int, list[int]] | None) -> None:
     """The template's RAM file, ``size`` bytes (sparse), the VM user's (QEMU opens it
     read-write)."""
@@ -681,8 +758,8 @@ def _prepare_memory_file(path: Path, size: int, ids: tuple[int, int, list[int]] 
 def alias(run_root: Path, name: str, vm_id: str) -> None:
     """Let the VM ``vm_id`` answer to ``name`` too (a claimed warm VM to its sandbox's id):
     a symlink in ``run_root``, which ``leftovers`` and ``reap`` follow."""
-    _check_id(name)
-    _check_id(vm_id)
+    check_id(name)
+    check_id(vm_id)
     (run_root / name).symlink_to(vm_id)
 
 
@@ -721,7 +798,7 @@ def reap(run_root: Path, vm_id: str, cgroup_parent: str | None = "corral-vm") ->
     """Kill a leftover VM's QEMU (its pid file's process when it is that VM's QEMU, and
     every task of its cgroups), wait for it to go, remove its cgroups and run directory.
     Blocking; succeeds when nothing is left. ``vm_id`` may be an alias (``alias``)."""
-    _check_id(vm_id)
+    check_id(vm_id)
     target = _aliased(run_root, vm_id)
     if target is not None:
         reap(run_root, target, cgroup_parent)

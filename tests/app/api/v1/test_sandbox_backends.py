@@ -203,3 +203,40 @@ def _pause_and_resume(api: httpx.Client, one: str) -> None:
     resumed = api.post(f"{one}/resume")
     assert resumed.status_code == 200 and resumed.json()["state"] == "running", resumed.text
     assert api.post(f"{one}/exec", json={"cmd": ["true"]}).json()["exit_code"] == 0
+
+
+@pytest.mark.microvm
+@pytest.mark.parametrize("server_options", ["microvm"], indirect=True)
+def test_a_fork_of_a_microvm_runs_on_with_the_parents_processes(
+    live_server: Callable[..., str], server_options: dict[str, Any]
+) -> None:
+    """A microVM's snapshot is its whole machine: forks of it run on from that moment, a
+    daemon the parent started still beating in each, and each a machine of its own."""
+    with _api(live_server, server_options) as api:
+        parent = _created(api, "microvm")
+        one = f"/v1/sandboxes/{parent['id']}"
+        # in a session of its own (the exec's ends with it), beating before the exec ends
+        daemon = (
+            "setsid sh -c 'while :; do date +%s%N > /tmp/b; mv /tmp/b /tmp/beat; sleep 0.2; done' "
+            "</dev/null >/dev/null 2>&1 & while [ ! -s /tmp/beat ]; do sleep 0.05; done"
+        )
+        assert api.post(f"{one}/exec", json={"command": daemon}).json()["exit_code"] == 0
+        forked = api.post(f"{one}/fork", json={"count": 2})
+        assert forked.status_code == 201, forked.text
+        children = [c["id"] for c in forked.json()["sandboxes"]]
+        assert len(children) == 2
+        try:
+            beats = "cat /tmp/beat; sleep 1; cat /tmp/beat; hostname"
+            for child in children:
+                ran = api.post(f"/v1/sandboxes/{child}/exec", json={"command": beats}).json()
+                assert len(ran["stdout"].split()) == 3, ran
+                first, second, hostname = ran["stdout"].split()
+                assert int(second) > int(first), ran  # the parent's daemon runs on here
+                assert hostname == child
+            # the parent goes on too
+            assert api.post(f"{one}/exec", json={"cmd": ["true"]}).json()["exit_code"] == 0
+        finally:
+            for sandbox_id in [*children, parent["id"]]:
+                api.delete(f"/v1/sandboxes/{sandbox_id}")
+        for sandbox_id in children:
+            assert stopped_soon(api, {}, sandbox_id)["backend"] == "microvm"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -311,13 +312,49 @@ async def test_a_fork_bomb_stops_at_the_sandboxs_pids_and_the_vm_goes_on(
 
 
 async def test_what_it_cannot_do_yet_is_refused_clearly(
-    backend: MicrovmBackend, place: tuple[Path, RootImage], sandbox: str
+    backend: MicrovmBackend, place: tuple[Path, RootImage]
 ) -> None:
     networked = spec("net1", memory_mb=192, network=NetworkPolicy(allow=["10.1.2.3"]))
     with pytest.raises(Unsupported):
         await backend.create(networked, place[1])
-    with pytest.raises(Unsupported):
-        await backend.snapshot(sandbox, "snap1")
+
+
+async def test_a_snapshot_holds_the_whole_machine_and_forks_run_on_from_it(
+    backend: MicrovmBackend, place: tuple[Path, RootImage], sandbox: str
+) -> None:
+    """A snapshot of a running VM keeps its memory (a tmpfs file lives only there) and its
+    disk; each sandbox made from it runs on from that moment as a machine of its own
+    (its identity, its own later writes), and the parent goes on as it was."""
+    _, image = place
+    setup = "mkdir -p /mnt/ram && mount -t tmpfs ram /mnt/ram && echo in-memory > /mnt/ram/x"
+    assert (await run(backend, sandbox, "sh", "-c", setup, user="root"))[0] == 0
+    assert (await run(backend, sandbox, "sh", "-c", "echo on-disk > /home/user/d"))[0] == 0
+    made = await backend.snapshot(sandbox, "snap1")
+    assert made.size_bytes > 0 and backend.snapshot_layer("snap1") == made
+    children = [f"fork{os.getpid()}x{n}" for n in range(2)]
+    from_snapshot = dataclasses.replace(image, layers=(made.layer,))
+    try:
+        # the parent goes on, and what it does now is its own
+        assert (await run(backend, sandbox, "sh", "-c", "echo later > /home/user/d"))[0] == 0
+        for child in children:
+            await backend.create(spec(child, memory_mb=192), from_snapshot)
+        for child in children:
+            code, out, err, _ = await run(
+                backend, child, "sh", "-c", "cat /mnt/ram/x /home/user/d; hostname"
+            )
+            assert code == 0, err
+            assert out.decode().split() == ["in-memory", "on-disk", child]
+        await run(backend, children[0], "sh", "-c", "echo mine > /home/user/d")
+        assert (await run(backend, children[1], "cat", "/home/user/d"))[1] == b"on-disk\n"
+        assert (await run(backend, sandbox, "cat", "/home/user/d"))[1] == b"later\n"
+        # another size than the machine's is refused, clearly
+        with pytest.raises(Unsupported):
+            await backend.create(spec("bigger", memory_mb=256), from_snapshot)
+    finally:
+        for child in children:
+            await backend.destroy(child)
+        await backend.delete_snapshot("snap1")
+    assert backend.snapshot_layer("snap1") is None and not made.layer.exists()
 
 
 async def test_vms_an_earlier_node_left_are_found_and_reaped(
