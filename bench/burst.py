@@ -20,6 +20,8 @@ document.
 
     .venv/bin/python bench/burst.py
     .venv/bin/python bench/burst.py --compare 95b455f
+    .venv/bin/python bench/burst.py --requests 100 --concurrency 32 --runtimes nsjail \
+        --code "while True: pass" --expect failed --compare 8e845a9   # runaway cases
 """
 
 from __future__ import annotations
@@ -154,6 +156,7 @@ def burst(server: Server | Running, key: str, args: argparse.Namespace) -> dict[
                 headers,
                 requests=args.requests,
                 concurrency=args.concurrency,
+                expected=args.expect,
             )
         )
     return {
@@ -172,6 +175,11 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=128)
     parser.add_argument("--language", default="python")
     parser.add_argument("--code", default="print(1)")
+    parser.add_argument(
+        "--expect",
+        default="succeeded",
+        help="the outcome whose latencies count (failed: a runaway loop's time limit)",
+    )
     parser.add_argument("--probe-ms", type=float, default=50.0)
     parser.add_argument("--gap", type=float, default=60.0, help="idle seconds before burst 3")
     parser.add_argument("--slots", type=int, default=0, help="node slots (0: derived)")

@@ -65,10 +65,12 @@ async def load(
     requests: int,
     concurrency: int,
     timings: list[dict[str, Any]] | None = None,
+    expected: str = "succeeded",
 ) -> tuple[list[float], dict[str, int], float]:
     """POST ``body`` to ``path`` ``requests`` times from ``concurrency`` connections.
 
-    Returns the latencies (ms) of answers that are 200 with ``status: succeeded``, a count
+    Returns the latencies (ms) of answers that are 200 with ``status`` ``expected``
+    (``succeeded``; ``failed`` for code meant to fail, such as a runaway loop), a count
     of every outcome (``"200:succeeded"``, ``"429"``, ...), and the wall time in seconds.
     ``timings``, if given, gets the ``timings`` object of each such answer (the platform's
     own record of the call's phases).
@@ -89,7 +91,7 @@ async def load(
                 state = (answer or {}).get("status", "") if status == 200 else ""
                 outcome = f"{status}:{state}" if state else str(status)
                 outcomes[outcome] = outcomes.get(outcome, 0) + 1
-                if outcome == "200:succeeded":
+                if outcome == f"200:{expected}":
                     latencies.append(elapsed)
                     if timings is not None and isinstance(answer.get("timings"), dict):
                         timings.append(answer["timings"])

@@ -11,6 +11,8 @@ manager drives it (no HTTP: the API adds its few milliseconds on top):
   keeps them), each claimed by a create of its shape (``MicrovmBackend.claim``: QEMU goes
   on, a HELLO with the sandbox's identity) then ``true`` run in it; then ``--concurrent``
   claimed at once;
+* fork: a snapshot of a running VM (its whole machine: memory, disk, processes) and
+  ``--concurrent`` sandboxes made from it at once, each to its first exec;
 * memory: ``--hold`` idle VMs held at once, each's cost as the host sees it (QEMU's PSS,
   its share of the template's pages counted once), and the node's available memory
   before and after (MemAvailable) over the VMs held: what one more idle VM takes.
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import shutil
 import sys
@@ -141,9 +144,30 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "max_ms": round(max(each), 1),
         }
 
+        # fork: a snapshot of a running VM (its whole machine), then --concurrent sandboxes
+        # made from it at once, each to its first exec
+        t = time.monotonic()
+        snapshot = await backend.snapshot("cold", "bench-fork")
+        out["fork"] = {
+            "snapshot_s": round(time.monotonic() - t, 3),
+            "snapshot_mib": round(snapshot.size_bytes / (1 << 20), 1),
+        }
+        from_snapshot = dataclasses.replace(image, layers=(snapshot.layer,))
+
+        async def child(n: int) -> float:
+            t = time.monotonic()
+            await backend.create(spec(f"fork{n}", args.memory_mb), from_snapshot)
+            made.append(f"fork{n}")
+            await run_true(backend, f"fork{n}")
+            return (time.monotonic() - t) * 1000
+
+        each = await asyncio.gather(*(child(n) for n in range(args.concurrent)))
+        out["fork"] |= {"children": args.concurrent, "each_ms": sorted(round(v, 1) for v in each)}
+
         for sandbox_id in list(made):
             await backend.destroy(sandbox_id)
         made.clear()
+        await backend.delete_snapshot("bench-fork")
         await asyncio.sleep(1)
         before = mem_available_mib()
         for n in range(args.hold):
