@@ -131,7 +131,11 @@ async def processes(live: Live) -> str:
 
 async def test_the_shell_goes_with_its_client(live: Live) -> None:
     async with live.terminal() as ws:
-        await ws.send(b"sleep 1234 & echo started\n")
+        # the shell's fork runs `sleep` a moment after `echo` may print: wait for it
+        await ws.send(
+            b"sleep 1234 & while ! ps -o args | grep -q '^sleep 1234'; do :; done; "
+            b'echo st""arted\n'  # not the terminal's echo of this line: the shell's output
+        )
         await until(ws, b"started")
         assert "sleep 1234" in await processes(live)
     for _ in range(200):  # its session's kill is asynchronous
@@ -144,7 +148,7 @@ async def test_the_shell_goes_with_its_client(live: Live) -> None:
 
 async def test_the_connection_closes_when_the_sandbox_stops(live: Live) -> None:
     async with live.terminal() as ws:
-        await ws.send(b"echo ready\n")
+        await ws.send(b'echo re""ady\n')
         await until(ws, b"ready")
         async with httpx.AsyncClient(timeout=30) as client:
             stopped = await client.delete(
